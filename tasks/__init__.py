@@ -1,0 +1,41 @@
+"""
+What flows call and what flows pass around: GPU result handles and the tasks that make them.
+
+Public names
+------------
+GPUResult
+    The handle a GPU task returns (one-shot, session-bound, never pickled).
+GPUResultSerializer
+    The Prefect serializer (type ``"cudf-polars-gpu"``) that refuses host persistence.
+execute, collect
+    Tasks: run a LazyFrame or GPUResult, return a GPUResult / a host DataFrame.
+gpu_task
+    Decorator: a function building a LazyFrame becomes a task returning a GPUResult.
+HostPersistenceError, ResultConsumedError, ResultReleasedError, WrongEngineError
+    The errors of the result rules.
+"""
+
+from prefect_cudf_polars.tasks.engine_tasks import collect, execute
+from prefect_cudf_polars.tasks.errors import (
+    GPUResultError,
+    HostPersistenceError,
+    ResultConsumedError,
+    ResultReleasedError,
+    WrongEngineError,
+)
+from prefect_cudf_polars.tasks.gpu_task import gpu_task
+from prefect_cudf_polars.tasks.result import GPUResult
+from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
+
+__all__ = [
+    "GPUResult",
+    "GPUResultError",
+    "GPUResultSerializer",
+    "HostPersistenceError",
+    "ResultConsumedError",
+    "ResultReleasedError",
+    "WrongEngineError",
+    "collect",
+    "execute",
+    "gpu_task",
+]

@@ -1,0 +1,86 @@
+"""The ``execute`` and ``collect`` tasks: one engine call each, on the flow run's session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+from prefect import task
+
+from prefect_cudf_polars.tasks.query_inputs import as_query, drop_claimed, iter_gpu_results
+from prefect_cudf_polars.tasks.result import GPUResult
+from prefect_cudf_polars.tasks.task_defaults import (
+    gpu_task_defaults,
+    warn_if_persistence_requested,
+)
+
+
+def _session() -> Any:
+    from prefect_cudf_polars.blocks.active import get_engine_session
+
+    return get_engine_session()
+
+
+@task(name="cudf-polars-execute", **gpu_task_defaults())
+def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResult:
+    """
+    Run a query on the flow run's engine and keep the result on the GPU.
+
+    Parameters
+    ----------
+    query : polars.LazyFrame or GPUResult
+        The query; a GPUResult is claimed (read once) and run as it is.
+    name : str, optional
+        Readable name for the result (default: the input result's name, or ``"query"``).
+
+    Returns
+    -------
+    GPUResult
+        Live, in the session's engine (GPU memory on GPU backends).
+
+    Raises
+    ------
+    TypeError
+        If ``query`` is neither a LazyFrame nor a GPUResult.
+    NoEngineSessionError
+        If the flow run has no engine session.
+    ResultReleasedError, ResultConsumedError, WrongEngineError
+        If ``query`` is a GPUResult that cannot be read here.
+    """
+    warn_if_persistence_requested()
+    session = _session()
+    inputs = list(iter_gpu_results(query))
+    try:
+        lf = as_query(query, task="execute")
+        default = query.name if isinstance(query, GPUResult) else "query"
+        return session.execute(lf, name=name or default)
+    finally:
+        drop_claimed(inputs)
+
+
+@task(name="cudf-polars-collect", **gpu_task_defaults(returns_gpu_result=False))
+def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
+    """
+    Run a query on the flow run's engine and return the result on the host.
+
+    Parameters
+    ----------
+    query : polars.LazyFrame or GPUResult
+        The query; a GPUResult is claimed (read once).
+
+    Returns
+    -------
+    polars.DataFrame
+        In host memory.
+
+    Raises
+    ------
+    TypeError, NoEngineSessionError, ResultReleasedError, ResultConsumedError, WrongEngineError
+        As for :func:`execute`.
+    """
+    session = _session()
+    inputs = list(iter_gpu_results(query))
+    try:
+        return session.collect(as_query(query, task="collect"))
+    finally:
+        drop_claimed(inputs)

@@ -1,0 +1,149 @@
+"""
+The errors users of prefect-cudf-polars catch.
+
+Every error here carries ids and names (plain strings), never a result handle or
+an engine: Prefect pickles a failed flow's exception into result storage, and a
+handle must never leave its process (see :class:`~prefect_cudf_polars.tasks.GPUResult`).
+All of them pickle and unpickle with their message and attributes intact.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GPUResultError",
+    "HostPersistenceError",
+    "NoEngineSessionError",
+    "NoGPUError",
+    "ResultConsumedError",
+    "ResultReleasedError",
+    "SessionError",
+    "WrongEngineError",
+]
+
+
+class GPUResultError(RuntimeError):
+    """
+    Base class of the errors about a :class:`~prefect_cudf_polars.tasks.GPUResult`.
+
+    Parameters
+    ----------
+    message
+        What happened and what to do next.
+    result_id
+        The id (32 hex characters) of the result concerned, if any.
+    result_name
+        The result's readable name (the query or task that produced it), if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        result_id: str | None = None,
+        result_name: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.result_id = result_id
+        self.result_name = result_name
+
+
+class HostPersistenceError(GPUResultError):
+    """
+    A GPU result was about to be pickled or persisted to the host.
+
+    Raised when a :class:`~prefect_cudf_polars.tasks.GPUResult` is pickled (for
+    example by a process-based task runner, or by result persistence) and by
+    :class:`~prefect_cudf_polars.tasks.GPUResultSerializer`. A GPU result lives
+    in GPU memory of the process that holds its engine; it cannot be written to
+    disk or sent to another process.
+    """
+
+
+class ResultConsumedError(GPUResultError):
+    """
+    A result was read a second time.
+
+    Results are one-shot (cudf-polars moves each partition out of its store on
+    read). The first ``.lazy()`` claims the result for a task run or flow run;
+    any later claim raises this error.
+
+    Parameters
+    ----------
+    message
+        What happened and what to do next.
+    result_id, result_name
+        The result concerned.
+    consumer
+        Name of the task run (or flow run) whose claim consumed it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        result_id: str | None = None,
+        result_name: str | None = None,
+        consumer: str | None = None,
+    ) -> None:
+        super().__init__(message, result_id=result_id, result_name=result_name)
+        self.consumer = consumer
+
+
+class ResultReleasedError(GPUResultError):
+    """
+    A released result was read.
+
+    A result is released by :meth:`~prefect_cudf_polars.tasks.GPUResult.release`,
+    by leaving its ``with`` block, or when the session that produced it ends
+    (the end of the flow run).
+    """
+
+
+class WrongEngineError(GPUResultError):
+    """
+    A result was used with a session other than the one that produced it.
+
+    cudf-polars keeps a result's partitions in the producing engine's store;
+    another engine cannot read them (and cudf-polars does not check this), so
+    prefect-cudf-polars checks it before calling the engine.
+
+    Parameters
+    ----------
+    message
+        What happened and what to do next.
+    result_id, result_name
+        The result concerned.
+    producer_session, current_session
+        Ids of the session that produced the result and of the session that
+        tried to use it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        result_id: str | None = None,
+        result_name: str | None = None,
+        producer_session: str | None = None,
+        current_session: str | None = None,
+    ) -> None:
+        super().__init__(message, result_id=result_id, result_name=result_name)
+        self.producer_session = producer_session
+        self.current_session = current_session
+
+
+class SessionError(RuntimeError):
+    """An engine session was used against its lifecycle rules (for example, nested)."""
+
+
+class NoEngineSessionError(SessionError):
+    """No engine session is active for the current flow run or thread."""
+
+
+class NoGPUError(RuntimeError):
+    """
+    A GPU backend was asked for, but no usable NVIDIA GPU or RAPIDS stack is here.
+
+    The message says what was missing (driver, device, or the RAPIDS packages)
+    and how to fix it, including ``cpu_fallback=True`` or ``backend="cpu"``.
+    """

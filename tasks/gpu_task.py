@@ -1,0 +1,119 @@
+"""``gpu_task``: turn a function that builds a LazyFrame into a Prefect task that runs it on the GPU."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, overload
+
+import polars as pl
+from prefect import Task, task
+
+from prefect_cudf_polars.tasks.query_inputs import drop_claimed, iter_gpu_results
+from prefect_cudf_polars.tasks.task_defaults import (
+    gpu_task_defaults,
+    persistence_requests,
+    warn_if_persistence_requested,
+)
+
+
+@overload
+def gpu_task(fn: Callable[..., pl.LazyFrame], /) -> Task[..., Any]: ...
+
+
+@overload
+def gpu_task(
+    *, collect: bool = False, **task_options: Any
+) -> Callable[[Callable[..., pl.LazyFrame]], Task[..., Any]]: ...
+
+
+def gpu_task(
+    fn: Callable[..., pl.LazyFrame] | None = None,
+    /,
+    *,
+    collect: bool = False,
+    **task_options: Any,
+) -> Any:
+    """
+    Make a Prefect task of a function that returns a ``polars.LazyFrame``.
+
+    The function receives its arguments as given (call ``.lazy()`` on
+    :class:`GPUResult` arguments to chain onto them) and returns a LazyFrame;
+    the task runs it on the flow run's engine session and returns a
+    :class:`GPUResult` (or, with ``collect=True``, a host ``polars.DataFrame``).
+
+    Parameters
+    ----------
+    fn
+        The function (when used as ``@gpu_task`` without parentheses).
+    collect
+        Return a host ``polars.DataFrame`` instead of a GPUResult.
+    **task_options
+        Prefect task options (``name``, ``retries``, ``retry_delay_seconds``,
+        ``tags``, ``task_run_name``, ``timeout_seconds``, ...). Defaults: no
+        persistence, no input caching (see
+        :mod:`~prefect_cudf_polars.tasks.task_defaults`); asking for persistence
+        logs a warning on each task run and persists nothing.
+
+    Returns
+    -------
+    prefect.Task
+        Calling it in a flow runs it; ``.submit()`` and ``.map()`` work as usual.
+
+    Raises
+    ------
+    TypeError
+        At run time, if the function does not return a LazyFrame.
+    NoEngineSessionError
+        At run time, if the flow run has no engine session.
+    ResultReleasedError, ResultConsumedError, WrongEngineError
+        At run time, before the function is called, if a GPUResult argument
+        cannot be read in this session.
+
+    Examples
+    --------
+    >>> import polars as pl
+    >>> from prefect_cudf_polars.tasks import gpu_task
+    >>> @gpu_task(retries=1)
+    ... def late_flights(flights):
+    ...     return flights.lazy().filter(pl.col("dep_delay") > 60)
+    """
+
+    def decorate(user_fn: Callable[..., pl.LazyFrame]) -> Task[..., Any]:
+        name = task_options.pop("name", user_fn.__name__)
+        requested = persistence_requests(task_options)  # GPU results are never persisted
+
+        @functools.wraps(user_fn)
+        def run_on_engine(*args: Any, **kwargs: Any) -> Any:
+            from prefect_cudf_polars.blocks.active import get_engine_session
+
+            if not collect:
+                warn_if_persistence_requested(requested)
+            session = get_engine_session()
+            inputs = list(iter_gpu_results((args, kwargs)))
+            for result in inputs:
+                result.check_readable()
+            try:
+                lf = user_fn(*args, **kwargs)
+                if not isinstance(lf, pl.LazyFrame):
+                    raise TypeError(
+                        f"gpu_task {name!r} must return a polars LazyFrame (the query to "
+                        f"run on the GPU), but returned {type(lf).__name__}. Build the "
+                        "query with .lazy() on the inputs and return it uncollected."
+                    )
+                return session.collect(lf) if collect else session.execute(lf, name=name)
+            finally:
+                drop_claimed(inputs)
+
+        options = {**gpu_task_defaults(returns_gpu_result=not collect), **task_options}
+        if requested and not collect:
+            # A GPU result is never persisted: keep Prefect from pickling it (or its
+            # inputs, for a cache key) and warn on each task run instead.
+            options.pop("result_storage_key", None)
+            options.pop("cache_key_fn", None)
+            options.update(gpu_task_defaults())
+        return task(run_on_engine, name=name, **options)
+
+    if fn is not None:
+        return decorate(fn)
+    return decorate

@@ -1,0 +1,299 @@
+"""
+``GPUResult``: the handle a GPU task returns.
+
+Developer notes
+---------------
+A ``GPUResult`` wraps the engine's persisted result (cudf-polars'
+``PersistedQueryResult``, or the ``cpu`` backend's host counterpart) and adds the
+rules cudf-polars states but does not guard:
+
+* **States.** ``"live"`` until the first :meth:`GPUResult.lazy` claims it,
+  then ``"consumed"``; ``"released"`` after :meth:`GPUResult.release`, the end
+  of its ``with`` block, or the end of its session.
+* **One claim.** The first ``.lazy()`` names its consumer (the task run, or the
+  flow run when called in a flow body); a second claim raises
+  :class:`ResultConsumedError` with that name.
+* **One session.** A claim from another active session raises
+  :class:`WrongEngineError` before cudf-polars is called.
+* **One process.** Pickling raises :class:`HostPersistenceError`: the partitions
+  live in GPU memory of this process, and cudf-polars' result pickles silently
+  (its finalizer is simply lost), so nothing else would stop Prefect.
+* **Stable hash.** Prefect cache keys see the result id, through
+  ``prefect.cache_policies.STABLE_TRANSFORMS`` (top-level arguments) and a
+  pydantic serializer (results inside lists or dicts, which Prefect hashes as
+  JSON), never by pickling. Two results never share an id.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any, Literal
+
+import polars as pl
+from pydantic_core import SchemaSerializer, core_schema
+
+from prefect_cudf_polars.tasks.errors import (
+    HostPersistenceError,
+    ResultConsumedError,
+    ResultReleasedError,
+    WrongEngineError,
+)
+from prefect_cudf_polars.tasks.run_identity import current_run_name
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.session import EngineSession
+
+State = Literal["live", "consumed", "released"]
+
+PICKLE_MESSAGE = (
+    "GPUResult {name!r} (id {id}) cannot be pickled or persisted: its partitions "
+    "live in GPU memory of the process that holds the engine. Pass GPU results "
+    "only between tasks of one flow run with the thread-pool task runner "
+    "(CudfPolarsTaskRunner, or Prefect's default ThreadPoolTaskRunner inside "
+    "`with block.session():`), not a process-based runner (Dask, Ray, "
+    "ProcessPool), and do not persist them. To keep data, collect it to the "
+    "host (the `collect` task) or write it to parquet."
+)
+
+
+class GPUResult:
+    """
+    A query result kept where the engine produced it (GPU memory, or host memory on ``cpu``).
+
+    Returned by the :func:`~prefect_cudf_polars.tasks.execute` task and by
+    :func:`~prefect_cudf_polars.tasks.gpu_task` tasks; never built by users.
+
+    Attributes
+    ----------
+    id : str
+        Unique id (32 hex characters); the stable hash Prefect cache keys use.
+    name : str
+        Readable name: the query or task that produced it.
+    backend : str
+        Backend of the producing session.
+    session_id : str
+        Id of the producing :class:`~prefect_cudf_polars.blocks.EngineSession`.
+    schema : polars.Schema
+        Column names and dtypes.
+    ranks : list of int
+        Ranks holding a partition (one partition per rank).
+    engine_seconds : float
+        Seconds the engine call that produced it took (wall clock).
+    produced_by : str
+        The task run or flow run that produced it.
+    consumed_by : str or None
+        The task run or flow run whose claim consumed it.
+    """
+
+    __slots__ = (
+        "_lock",
+        "_persisted",
+        "_session",
+        "_state",
+        "backend",
+        "consumed_by",
+        "engine_seconds",
+        "id",
+        "name",
+        "produced_by",
+        "ranks",
+        "schema",
+        "session_id",
+    )
+
+    def __init__(
+        self,
+        persisted: Any,
+        *,
+        session: EngineSession,
+        name: str,
+        ranks: list[int],
+        engine_seconds: float,
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.name = name
+        self.backend = session.backend or "unknown"
+        self.session_id = session.id
+        self.schema = pl.Schema(persisted._schema)
+        self.ranks = ranks
+        self.engine_seconds = engine_seconds
+        self.produced_by = current_run_name()
+        self.consumed_by: str | None = None
+        self._persisted = persisted
+        self._session = session
+        self._state: State = "live"
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> State:
+        """``"live"``, ``"consumed"`` or ``"released"``."""
+        return self._state
+
+    @property
+    def partitions(self) -> int:
+        """Number of partitions (one per rank in ``ranks``)."""
+        return len(self.ranks)
+
+    # ---- reading -------------------------------------------------------------
+    def check_readable(self) -> None:
+        """
+        Raise if this result cannot be read now; claim nothing.
+
+        Raises
+        ------
+        ResultReleasedError
+            If it was released (explicitly, or by the end of its session).
+        ResultConsumedError
+            If it was already claimed.
+        WrongEngineError
+            If another engine session is active here than the one that produced it.
+        """
+        from prefect_cudf_polars.blocks.active import active_session_or_none
+
+        if self._state == "released":
+            raise ResultReleasedError(
+                f"GPUResult {self.name!r} (id {self.id}) was released"
+                + (
+                    " when its engine session ended (its flow run is over)"
+                    if self._session.closed
+                    else ""
+                )
+                + "; its data is gone. Run the task that produced it again, inside "
+                "a flow run with an open engine session.",
+                result_id=self.id,
+                result_name=self.name,
+            )
+        if self._state == "consumed":
+            raise ResultConsumedError(
+                f"GPUResult {self.name!r} (id {self.id}) was already consumed by "
+                f"{self.consumed_by}: a GPU result is read once (cudf-polars moves its "
+                "partitions out on read). Run the producing task again for a fresh "
+                "result, or collect it once and reuse the host DataFrame.",
+                result_id=self.id,
+                result_name=self.name,
+                consumer=self.consumed_by,
+            )
+        active = active_session_or_none()
+        if active is not None and active is not self._session:
+            raise WrongEngineError(
+                f"GPUResult {self.name!r} (id {self.id}) belongs to engine session "
+                f"{self.session_id} ({self.backend}), but session {active.id} "
+                f"({active.backend}) is active here: only the engine that produced a "
+                "result can read it. Produce the result in this flow run, or collect "
+                "it in its own flow run and pass the host DataFrame.",
+                result_id=self.id,
+                result_name=self.name,
+                producer_session=self.session_id,
+                current_session=active.id,
+            )
+
+    def lazy(self) -> pl.LazyFrame:
+        """
+        Claim the result and return a LazyFrame that reads it.
+
+        The frame must be run by the producing session (the ``execute`` and
+        ``collect`` tasks and ``gpu_task`` tasks do this) and read once: running
+        it moves the partitions out of the engine's store.
+
+        Returns
+        -------
+        polars.LazyFrame
+            Scans the result's partitions; chain further query steps onto it.
+
+        Raises
+        ------
+        ResultReleasedError, ResultConsumedError, WrongEngineError
+            See :meth:`check_readable`.
+        """
+        with self._lock:
+            self.check_readable()
+            self._state = "consumed"
+            self.consumed_by = current_run_name()
+        self._session._claimed(self)
+        return self._persisted.lazy()
+
+    # ---- releasing ----------------------------------------------------------
+    def release(self) -> None:
+        """
+        Free the result's memory now (idempotent; never raises).
+
+        A live result becomes ``"released"``. A consumed one keeps its state; any
+        partition a claim left unread is freed too.
+        """
+        with self._lock:
+            was_live = self._state == "live"
+            if was_live:
+                self._state = "released"
+        self._drop()
+        if was_live:
+            self._session._released(self, unconsumed=True)
+
+    def _release_at_session_end(self) -> None:
+        self.release()
+
+    def _drop(self) -> None:
+        try:
+            self._session.run_if_open(self._persisted.release)
+        except Exception:  # release never raises (cudf-polars: idempotent, no-raise)
+            pass
+
+    def __enter__(self) -> GPUResult:
+        """Return the result; :meth:`release` runs on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # ---- identity, repr, refusals ---------------------------------------------
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {v}" for k, v in list(self.schema.items())[:8])
+        more = ", ..." if len(self.schema) > 8 else ""
+        return (
+            f"GPUResult(name={self.name!r}, id={self.id[:12]}, state={self._state}, "
+            f"backend={self.backend}, partitions={self.partitions}, "
+            f"schema={{{cols}{more}}})"
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GPUResult) and other.id == self.id
+
+    def __reduce__(self) -> Any:
+        raise HostPersistenceError(
+            PICKLE_MESSAGE.format(name=self.name, id=self.id),
+            result_id=self.id,
+            result_name=self.name,
+        )
+
+    def __copy__(self) -> GPUResult:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GPUResult:
+        return self
+
+
+def stable_transform(result: GPUResult) -> dict[str, str]:
+    """What Prefect's cache keys hash for a result: its id, never its data."""
+    return {"gpu_result_id": result.id}
+
+
+# Results inside lists and dicts: Prefect hashes inputs as JSON first, and pydantic
+# serializes objects that carry a __pydantic_serializer__ with it.
+GPUResult.__pydantic_serializer__ = SchemaSerializer(  # type: ignore[attr-defined]
+    core_schema.any_schema(
+        serialization=core_schema.plain_serializer_function_ser_schema(stable_transform)
+    )
+)
+
+
+def register_stable_transform() -> None:
+    """Register :func:`stable_transform` in ``prefect.cache_policies.STABLE_TRANSFORMS``."""
+    from prefect.cache_policies import STABLE_TRANSFORMS
+
+    STABLE_TRANSFORMS[GPUResult] = stable_transform
+
+
+register_stable_transform()

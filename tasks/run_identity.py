@@ -1,0 +1,24 @@
+"""Who is running: the current task run or flow run, as a readable name."""
+
+from __future__ import annotations
+
+
+def current_run_name() -> str:
+    """
+    Name the task run or flow run this code runs in.
+
+    Returns
+    -------
+    str
+        ``"task run 'execute-3f1' (id ...)"``, ``"flow run 'brave-fox' (id ...)"``,
+        or ``"code outside any Prefect run"``.
+    """
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    task_ctx = TaskRunContext.get()
+    if task_ctx is not None and task_ctx.task_run is not None:
+        return f"task run {task_ctx.task_run.name!r} (id {task_ctx.task_run.id})"
+    flow_ctx = FlowRunContext.get()
+    if flow_ctx is not None and flow_ctx.flow_run is not None:
+        return f"flow run {flow_ctx.flow_run.name!r} (id {flow_ctx.flow_run.id})"
+    return "code outside any Prefect run"

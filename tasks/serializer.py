@@ -1,0 +1,99 @@
+"""
+``GPUResultSerializer``: the result serializer that refuses host persistence.
+
+GPU tasks carry it with ``persist_result=False`` (which beats flow-level
+persistence and ``PREFECT_RESULTS_PERSIST_BY_DEFAULT``). It matters when a user
+switches persistence on anyway: Prefect then calls :meth:`dumps`, which refuses,
+so nothing is written. Prefect 3.9 does not fail the task for that; it logs a
+generic warning and shows the state as "RolledBack", which is why the GPU tasks
+also log their own warning (:mod:`prefect_cudf_polars.tasks.task_defaults`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from prefect.serializers import PickleSerializer, Serializer
+
+from prefect_cudf_polars.tasks.errors import HostPersistenceError
+from prefect_cudf_polars.tasks.result import PICKLE_MESSAGE, GPUResult
+
+#: Prefix of host values this serializer writes (anything without it is refused on load).
+HOST_HEADER = b"prefect-cudf-polars:host:"
+
+
+def find_gpu_result(obj: Any, _depth: int = 0) -> GPUResult | None:
+    """
+    Find a :class:`GPUResult` in ``obj`` or in lists, tuples, sets and dicts inside it.
+
+    Returns
+    -------
+    GPUResult or None
+        The first one found (searching 20 levels deep at most).
+    """
+    if isinstance(obj, GPUResult):
+        return obj
+    if _depth >= 20:
+        return None
+    if isinstance(obj, Mapping):
+        items: Any = list(obj.keys()) + list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = obj
+    else:
+        return None
+    for item in items:
+        if (found := find_gpu_result(item, _depth + 1)) is not None:
+            return found
+    return None
+
+
+class GPUResultSerializer(Serializer):
+    """
+    A Prefect serializer (type ``"cudf-polars-gpu"``) that never writes a GPU result.
+
+    Methods
+    -------
+    dumps(obj)
+        Raises :class:`HostPersistenceError` for a :class:`GPUResult` or anything
+        containing one; other (host) values are pickled behind a header.
+    loads(blob)
+        Loads only host values it wrote; refuses anything else with
+        :class:`HostPersistenceError` (a GPU result is never on disk to load).
+    """
+
+    type: Literal["cudf-polars-gpu"] = "cudf-polars-gpu"
+
+    def dumps(self, obj: Any) -> bytes:
+        """
+        Serialize a host value; refuse GPU results.
+
+        Raises
+        ------
+        HostPersistenceError
+            If ``obj`` is or contains a :class:`GPUResult`.
+        """
+        if (found := find_gpu_result(obj)) is not None:
+            raise HostPersistenceError(
+                PICKLE_MESSAGE.format(name=found.name, id=found.id),
+                result_id=found.id,
+                result_name=found.name,
+            )
+        return HOST_HEADER + PickleSerializer().dumps(obj)
+
+    def loads(self, blob: bytes) -> Any:
+        """
+        Load a host value this serializer wrote.
+
+        Raises
+        ------
+        HostPersistenceError
+            If ``blob`` was not written by :meth:`dumps` (GPU results never are).
+        """
+        if not blob.startswith(HOST_HEADER):
+            raise HostPersistenceError(
+                "The cudf-polars-gpu serializer never persists GPU results, so there "
+                "is nothing to load here: re-run the task that produced the result. "
+                "Persist host values (collected DataFrames) with a host serializer."
+            )
+        return PickleSerializer().loads(blob[len(HOST_HEADER) :])

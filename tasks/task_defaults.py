@@ -1,0 +1,102 @@
+"""
+Prefect options every GPU task starts from, and the warning when persistence is asked for.
+
+Defaults: no result persistence (``persist_result=False``, which beats
+flow-level persistence and ``PREFECT_RESULTS_PERSIST_BY_DEFAULT``), no input
+caching (``cache_policy=NO_CACHE``: Prefect's default policy would hash every
+input), and :class:`~prefect_cudf_polars.tasks.GPUResultSerializer` as the
+result serializer, which refuses host persistence if a user switches it on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prefect.cache_policies import NO_CACHE, CachePolicy
+from prefect.cache_policies import _None as NoCachePolicy
+
+from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
+
+
+def gpu_task_defaults(*, returns_gpu_result: bool = True) -> dict[str, Any]:
+    """
+    Prefect task options for a task that returns a GPU result (or a host DataFrame).
+
+    Parameters
+    ----------
+    returns_gpu_result
+        True for tasks returning a :class:`GPUResult` (they get the refusing
+        serializer); False for tasks returning host values.
+
+    Returns
+    -------
+    dict
+        Keyword arguments for ``prefect.task``.
+    """
+    options: dict[str, Any] = {"persist_result": False, "cache_policy": NO_CACHE}
+    if returns_gpu_result:
+        options["result_serializer"] = GPUResultSerializer()
+    return options
+
+
+def persistence_requests(options: Mapping[str, Any] | Any) -> list[str]:
+    """
+    The options (of a decorator call or a Task) that ask for result persistence.
+
+    Parameters
+    ----------
+    options
+        A mapping of task options, or a ``prefect.Task``.
+
+    Returns
+    -------
+    list of str
+        Readable reasons, e.g. ``["persist_result=True"]``; empty when none.
+    """
+    get = options.get if isinstance(options, Mapping) else lambda k, d=None: getattr(options, k, d)
+    reasons = []
+    if get("persist_result") is True:
+        reasons.append("persist_result=True")
+    if get("result_storage_key"):
+        reasons.append(f"result_storage_key={get('result_storage_key')!r}")
+    policy = get("cache_policy")
+    if isinstance(policy, CachePolicy) and not isinstance(policy, NoCachePolicy):
+        reasons.append(f"cache_policy={type(policy).__name__}")
+    if get("cache_key_fn") is not None:
+        reasons.append("cache_key_fn")
+    return reasons
+
+
+def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
+    """
+    Log a WARNING on the task run when its options ask for result persistence.
+
+    Prefect's own warning for a refused serializer is generic (and absent when
+    no cache key exists, since Prefect then never calls the serializer); this one
+    names the task, says why nothing was persisted and what to do.
+
+    Parameters
+    ----------
+    extra
+        Reasons known at decoration time (options the decorator neutralised).
+    """
+    from prefect.context import TaskRunContext
+    from prefect.logging import get_run_logger
+
+    ctx = TaskRunContext.get()
+    if ctx is None:
+        return
+    reasons = sorted(set(persistence_requests(ctx.task)) | set(extra))
+    if not reasons:
+        return
+    get_run_logger().warning(
+        "Task %r asks for result persistence (%s), but it returns a GPU result, which "
+        "lives in GPU memory of this process and is never written to result storage: "
+        "nothing was persisted and the result stays usable in this flow run. To keep "
+        "data, collect it to the host (the `collect` task or gpu_task(collect=True)) and "
+        "persist that, or write it to parquet; and drop the persistence options from "
+        "this task.",
+        ctx.task.name,
+        ", ".join(reasons),
+    )

