@@ -36,8 +36,8 @@ def rank_allocated_bytes() -> int | None:
 def rank_device_name() -> str:
     """Name and memory of this rank's GPU, e.g. ``"NVIDIA H200 (139.8 GiB)"``."""
     import cuda.core
+    from cudf_polars.utils.config import get_total_device_memory
 
-    device = cuda.core.Device()
-    total = device.properties.total_global_mem if hasattr(device.properties, "total_global_mem") else None
-    name = device.name
+    name = cuda.core.Device().name
+    total = get_total_device_memory()
     return f"{name} ({total / 2**30:.1f} GiB)" if total else name

@@ -1,0 +1,146 @@
+"""execute, collect and gpu_task on a real local Prefect API with the cpu backend."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from prefect import flow
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, host_store
+from prefect_cudf_polars.tasks import GPUResult, ResultConsumedError, collect, execute, gpu_task
+
+RUNNER = lambda: CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu"))  # noqa: E731
+
+
+@gpu_task
+def big_spenders(orders_result: GPUResult) -> pl.LazyFrame:
+    return orders_result.lazy().group_by("customer").agg(pl.col("amount").sum()).filter(pl.col("amount") > 6700)
+
+
+@gpu_task(collect=True, name="ranked", tags=["report"])
+def ranked(spenders: GPUResult) -> pl.LazyFrame:
+    return spenders.lazy().sort("amount", descending=True)
+
+
+def test_three_step_chain_equals_polars_on_the_cpu(orders):
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        r = execute(pl.scan_parquet(orders), name="orders")
+        s = big_spenders(r)
+        assert isinstance(s, GPUResult) and s.name == "big_spenders"
+        assert r.state == "consumed"
+        return ranked(s)
+
+    expected = (
+        pl.read_parquet(orders).group_by("customer").agg(pl.col("amount").sum())
+        .filter(pl.col("amount") > 6700).sort("amount", descending=True)
+    )
+    assert pipeline().equals(expected)
+    assert ranked.tags == {"report"} and ranked.name == "ranked"
+
+
+def test_gpu_task_accepts_prefect_options_and_retries(orders):
+    calls = []
+
+    @gpu_task(retries=2, retry_delay_seconds=0)
+    def flaky(path: str) -> pl.LazyFrame:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError("transient")
+        return pl.scan_parquet(path)
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        return collect(flaky(str(orders))).height
+
+    assert pipeline() == 1000 and len(calls) == 3
+    assert flaky.retries == 2
+
+
+def test_non_lazyframe_inputs_and_returns_get_clear_errors(orders):
+    @gpu_task
+    def eager(path: str):
+        return pl.read_parquet(path)
+
+    @flow(task_runner=RUNNER())
+    def bad_return():
+        return eager(str(orders))
+
+    with pytest.raises(TypeError, match="must return a polars LazyFrame.*returned DataFrame"):
+        bad_return()
+
+    @flow(task_runner=RUNNER())
+    def bad_input():
+        return execute(pl.read_parquet(orders))
+
+    with pytest.raises(TypeError, match=r"LazyFrame or a GPUResult, not DataFrame \(call .lazy\(\) on it\)"):
+        bad_input()
+
+
+def test_self_join_on_one_result_becomes_result_consumed_error(orders):
+    @gpu_task
+    def self_join(r: GPUResult) -> pl.LazyFrame:
+        lf = r.lazy()
+        return lf.join(lf, on="id")
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        return self_join(execute(pl.scan_parquet(orders)))
+
+    with pytest.raises(ResultConsumedError, match="no self-joins"):
+        pipeline()
+
+
+def test_a_failing_step_frees_the_input_it_claimed(orders):
+    before = host_store.total_partitions()
+    seen = {}
+
+    @gpu_task
+    def breaks(r: GPUResult) -> pl.LazyFrame:
+        r.lazy()
+        seen["store"] = host_store.total_partitions()
+        raise ValueError("bug in the user's step")
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        r = execute(pl.scan_parquet(orders))
+        try:
+            breaks(r)
+        except ValueError:
+            pass
+        seen["after"] = host_store.total_partitions()
+        return r.state
+
+    assert pipeline() == "consumed"
+    assert seen["store"] == before + 1 and seen["after"] == before
+
+
+def test_a_consumed_input_fails_before_the_users_function_runs(orders):
+    ran = []
+
+    @gpu_task
+    def step(r: GPUResult) -> pl.LazyFrame:
+        ran.append(1)
+        return r.lazy()
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        r = execute(pl.scan_parquet(orders))
+        step(r)
+        step(r)
+
+    with pytest.raises(ResultConsumedError):
+        pipeline()
+    assert len(ran) == 1
+
+
+def test_gpu_task_in_a_flow_with_block_session_in_the_body(orders):
+    @flow
+    def pipeline():
+        with CudfPolarsEngine(backend="cpu").session() as session:
+            r = execute(pl.scan_parquet(orders))
+            out = ranked(big_spenders(r))
+            return out.height, session
+
+    height, session = pipeline()
+    assert height > 0 and session.closed and session.counts["produced"] == 2
