@@ -75,6 +75,17 @@ class CudfPolarsEngine(Block):
     device_memory_pool_size : int or None
         Initial pool size in bytes for ``"async"`` and ``"pool"`` (rmm rounds to
         256 bytes); ``None`` leaves rmm's default.
+    dask_scheduler_address : str or None
+        ``backend="dask"``: scheduler of an existing GPU cluster (workers started
+        with ``--preload-nanny cudf_polars.engine.dask``); the session connects,
+        never shuts it down, and still releases every result it produced.
+        ``None`` starts a ``dask_cuda.LocalCUDACluster`` (one worker per visible
+        GPU) that the session owns and closes.
+    dask_connect_timeout : float
+        Seconds to wait for ``dask_scheduler_address`` to answer (default 30).
+    ray_address : str or None
+        ``backend="ray"``: address of an existing Ray cluster, never stopped;
+        ``None`` starts a local Ray that the session stops.
     executor_options : dict
         Further cudf-polars streaming executor options, passed as they are
         (see ``cudf_polars.engine.options.StreamingOptions``).
@@ -122,6 +133,19 @@ class CudfPolarsEngine(Block):
     )
     device_memory_pool_size: int | None = Field(
         default=None, gt=0, description="Initial pool size in bytes (async and pool)."
+    )
+    dask_scheduler_address: str | None = Field(
+        default=None,
+        description="backend dask: scheduler of an existing GPU cluster (never shut down); "
+        "empty starts a LocalCUDACluster the session owns.",
+    )
+    dask_connect_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds to wait for dask_scheduler_address to answer."
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="backend ray: address of an existing Ray cluster (never stopped); "
+        "empty starts a local Ray the session stops.",
     )
     executor_options: dict[str, Any] = Field(
         default_factory=dict,

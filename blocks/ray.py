@@ -1,8 +1,11 @@
 """
-The ``ray`` backend: cudf-polars' ``RayEngine`` on a local Ray it starts itself.
+The ``ray`` backend: cudf-polars' ``RayEngine``, one rank (actor) per GPU.
 
-Ray is optional (``pip install ray``); connecting to an existing Ray cluster is
-the multi-GPU issue's work.
+Without ``ray_address`` the engine calls ``ray.init()`` and its shutdown calls
+``ray.shutdown()``: a local Ray the session started and stops. With
+``ray_address`` it connects (``ray.init(address=...)``); ``ray.shutdown()`` then
+only disconnects this driver, and the cluster keeps running. Ray is optional:
+``pip install ray``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
     Raises
     ------
     NoGPUError
-        When Ray is not installed.
+        When Ray is not installed, or the Ray cluster has no free GPU.
     """
     if importlib.util.find_spec("ray") is None:
         raise NoGPUError(
@@ -35,4 +38,20 @@ def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
     from cudf_polars.engine.ray import RayEngine
 
     silence_unstable_warning()
-    return StreamingRunningEngine("ray", RayEngine(**engine_kwargs(block)))
+    init = {"address": block.ray_address} if block.ray_address else {}
+    try:
+        engine = RayEngine(ray_init_options=init, **engine_kwargs(block))
+    except RuntimeError as exc:
+        if "GPU" in str(exc):
+            where = block.ray_address or "the local Ray started for this session"
+            raise NoGPUError(
+                f"The Ray cluster at {where} has no free GPU for cudf-polars ({exc}). Add GPU "
+                "nodes (`ray start --num-gpus N`), free the GPUs other jobs hold, or use "
+                "backend='spmd' on a single GPU."
+            ) from exc
+        raise
+    running = StreamingRunningEngine("ray", engine)
+    running.extra_description = {
+        "cluster": f"external Ray {block.ray_address}" if block.ray_address else "owned local Ray"
+    }
+    return running

@@ -49,6 +49,8 @@ class StreamingRunningEngine(RunningEngine):
         self.engine = engine
         self._on_shutdown = on_shutdown
         self._stopped = False
+        #: Backend-specific facts for logs and artifacts (e.g. the Dask dashboard link).
+        self.extra_description: dict[str, Any] = {}
 
     def execute(self, lf: pl.LazyFrame) -> Any:
         return self.engine.execute(lf)
@@ -74,6 +76,7 @@ class StreamingRunningEngine(RunningEngine):
             "ranks": self.engine.nranks,
             "versions": rapids_versions(),
             "note": f"cudf-polars {type(self.engine).__name__}, results stay in GPU memory",
+            **self.extra_description,
         }
 
     def shutdown(self) -> None:
