@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from processes import child_pids, wait_gone
 
 pytest.importorskip("distributed")
 from distributed import Client, LocalCluster  # noqa: E402
@@ -25,41 +26,20 @@ from prefect_cudf_polars.blocks.dask_cluster import (  # noqa: E402
 )
 
 
-def _children() -> set[int]:
-    """Our child processes, less multiprocessing's resource tracker (it ends with this process)."""
-    pids = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                pids.add(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return pids
-
-
 def _local_cluster(_block):
     return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
 
 
-def _wait_gone(pids: set[int], timeout: float = 30.0) -> set[int]:
-    deadline = time.monotonic() + timeout
-    alive = {p for p in pids if psutil.pid_exists(p)}
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = {p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
-    return alive
-
-
 def test_owned_cluster_is_closed_with_no_orphaned_processes():
-    before = _children()
+    before = child_pids()
     connection = connect(CudfPolarsEngine(backend="dask"), start_cluster=_local_cluster)
     assert connection.owned
     workers = connection.client.scheduler_info()["workers"]
     assert len(workers) == 2
-    started = _children() - before
+    started = child_pids() - before
     assert started, "the owned cluster started worker processes"
     connection.close()
-    left = _wait_gone(started)
+    left = wait_gone(started)
     assert left == set(), [" ".join(psutil.Process(p).cmdline()) for p in left]
 
 

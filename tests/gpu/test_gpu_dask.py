@@ -8,12 +8,10 @@ cudf-polars' default (1.5 GB on an H200) keeps such data in one partition on ran
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import polars as pl
-import psutil
 import pytest
+from processes import child_pids, wait_gone
 from polars.testing import assert_frame_equal
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, gpu_probe
@@ -47,19 +45,8 @@ def _expected(path: str) -> pl.DataFrame:
     return _query(path).group_by("key").agg(pl.col("x").sum(), pl.len()).sort("key").collect()
 
 
-def _children() -> set[int]:
-    pids = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                pids.add(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return pids
-
-
 def test_auto_with_two_gpus_is_dask_over_two_ranks_and_owned_cluster_goes_away(data):
-    before = _children()
+    before = child_pids()
     block = CudfPolarsEngine(backend="auto", target_partition_size=SMALL_PARTITIONS)
     with block.session() as session:
         assert session.backend == "dask" and session.description["ranks"] == 2
@@ -73,14 +60,11 @@ def test_auto_with_two_gpus_is_dask_over_two_ranks_and_owned_cluster_goes_away(d
         assert session.run(session._running.memory_per_rank) == start
         live = session.execute(_query(data))
         assert sorted(live.ranks) == [0, 1]
-        cluster_pids = _children() - before
+        cluster_pids = child_pids() - before
     assert live.state == "released"
     assert session.memory["before_shutdown"] == session.memory["at_start"]
     assert_frame_equal(got, _expected(data), check_dtypes=False, rel_tol=1e-9)
-    deadline = time.monotonic() + 30
-    while (_children() & cluster_pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not (_children() & cluster_pids), "owned cluster processes left behind"
+    assert wait_gone(cluster_pids) == set(), "owned cluster processes left behind"
 
 
 def test_external_cluster_stays_up_and_holds_none_of_our_results(data):
