@@ -59,6 +59,9 @@ class StreamingRunningEngine(RunningEngine):
         return lf.collect(engine=self.engine)
 
     def memory_in_use(self) -> int | None:
+        if self.backend == "spmd":
+            # One rank in this process: read it directly, no collective per engine call.
+            return rank_allocated_bytes()
         values = self.engine._run(rank_allocated_bytes)
         if any(v is None for v in values):
             return None
