@@ -11,3 +11,7 @@ The code lives in three rooms, each its own subpackage:
 """
 
 __version__ = "0.1.0"
+
+# Importing the rooms registers the block type and the serializer type with
+# Prefect when it loads this collection (entry point `prefect.collections`).
+from prefect_cudf_polars import blocks, flows, tasks  # noqa: E402,F401

@@ -1,0 +1,25 @@
+"""The package as a Prefect collection: entry point, block type and serializer registered."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+
+def test_prefect_loads_the_collection_through_its_entry_point():
+    from prefect.plugins import load_prefect_collections
+
+    names = [ep.name for ep in entry_points(group="prefect.collections")]
+    assert "prefect_cudf_polars" in names
+    loaded = load_prefect_collections()
+    assert "prefect_cudf_polars" in loaded
+
+
+def test_block_type_and_serializer_are_registered_by_name():
+    from prefect.blocks.core import Block
+    from prefect.serializers import Serializer
+    from prefect.utilities.dispatch import lookup_type
+
+    import prefect_cudf_polars  # noqa: F401
+
+    assert lookup_type(Block, "cudf-polars-engine").__name__ == "CudfPolarsEngine"
+    assert type(Serializer(type="cudf-polars-gpu")).__name__ == "GPUResultSerializer"
