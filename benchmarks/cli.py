@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         run_scale_factor(sf, args=args, backend=backend, backend_error=backend_error,
                          block=block, results=results, budget=budget)
         results.set("goals", report.goals(results.doc))
-        written = report.write_reports(results.doc, args.out)
-        results.set("reports", written)
+        results.set("reports", report.write_reports(results.doc, args.out))
     results.finish()
+    results.set("reports", report.write_reports(results.doc, args.out))
     print(report.markdown(results.doc), flush=True)
     failed = [m for m in results.doc["measurements"] + results.doc["task_overhead"] if m["status"] == "failed"]
     return 1 if failed or results.doc["errors"] else 0

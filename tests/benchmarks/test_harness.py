@@ -123,6 +123,18 @@ def test_cpu_run_writes_markdown_and_chart(cpu_run):
     assert cpu_run.results["reports"]["chart_problem"] is None
 
 
+def test_report_only_rewrites_the_reports_from_the_json(cpu_run, tmp_path):
+    import shutil
+
+    from benchmarks.cli import rewrite_reports
+
+    shutil.copy(cpu_run.out / "results.json", tmp_path / "results.json")
+    assert rewrite_reports(tmp_path) == 0
+    assert (tmp_path / "results.md").read_text() == (cpu_run.out / "results.md").read_text()
+    assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert rewrite_reports(tmp_path / "missing") == 2
+
+
 def test_tpch_tables_are_tpchgen_output_with_float_money(cpu_run, tpch_dir, tmp_path):
     from benchmarks.tpch_data import find_tpchgen
 
