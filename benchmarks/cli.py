@@ -48,7 +48,9 @@ def _floats(text: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of numbers"
+        ) from None
     if not values or any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: give positive scale factors, e.g. 1,10")
     return values
@@ -74,25 +76,54 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=int, default=5, help="timed runs per variant (median), default 5")
     p.add_argument("--warmups", type=int, default=1, help="untimed warm-up runs, default 1")
     p.add_argument("--out", type=Path, required=True, help="folder for results.json/.md, chart.png")
-    p.add_argument("--report-only", action="store_true",
-                   help="only rewrite results.md and chart.png from OUT/results.json (e.g. after a timeout)")
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="TPC-H parquet cache (default $PREFECT_CUDF_POLARS_TPCH or ~/.cache/prefect-cudf-polars/tpch)")
-    p.add_argument("--backend", choices=("spmd", "dask", "auto", "cpu"), default="spmd",
-                   help="engine backend for (a)-(d) and (f); cpu runs the harness without a GPU")
-    p.add_argument("--gpus", type=int, default=None,
-                   help="GPUs to use (sets CUDA_VISIBLE_DEVICES=0..N-1 unless set); for --backend dask")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only rewrite results.md and chart.png from OUT/results.json (e.g. after a timeout)",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="TPC-H parquet cache (default $PREFECT_CUDF_POLARS_TPCH or ~/.cache/prefect-cudf-polars/tpch)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("spmd", "dask", "auto", "cpu"),
+        default="spmd",
+        help="engine backend for (a)-(d) and (f); cpu runs the harness without a GPU",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs to use (sets CUDA_VISIBLE_DEVICES=0..N-1 unless set); for --backend dask",
+    )
     p.add_argument("--pipelines", type=_names(list(PIPELINES)), default=list(PIPELINES))
-    p.add_argument("--variants", type=_names(ALL_VARIANTS), default=list(ALL_VARIANTS),
-                   help="subset of a,b,c,d,e,f (default all)")
+    p.add_argument(
+        "--variants",
+        type=_names(ALL_VARIANTS),
+        default=list(ALL_VARIANTS),
+        help="subset of a,b,c,d,e,f (default all)",
+    )
     p.add_argument("--overhead-calls", type=int, default=50, help="timed calls per (f) measurement")
-    p.add_argument("--budget-s", type=float, default=420.0,
-                   help="wall seconds for the whole command; once spent, no new run starts "
-                        "(at least one run per started variant) and later variants are skipped")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="wall seconds for the whole command; once spent, no new run starts "
+        "(at least one run per started variant) and later variants are skipped",
+    )
     p.add_argument("--tpchgen", default=None, help="path of tpchgen-cli (default: found on PATH)")
-    p.add_argument("--threads", type=int, default=None, help="tpchgen-cli threads (default: all CPUs)")
-    p.add_argument("--target-partition-size", type=int, default=None,
-                   help="bytes per IO partition (engine block field; default cudf-polars')")
+    p.add_argument(
+        "--threads", type=int, default=None, help="tpchgen-cli threads (default: all CPUs)"
+    )
+    p.add_argument(
+        "--target-partition-size",
+        type=int,
+        default=None,
+        help="bytes per IO partition (engine block field; default cudf-polars')",
+    )
     return p
 
 
@@ -108,8 +139,14 @@ def compare(got: Any, want: Any) -> str | None:
 
 
 def run_scale_factor(
-    sf: float, *, args: argparse.Namespace, backend: str | None, backend_error: Exception | None,
-    block: Any, results: ResultsFile, budget: Budget,
+    sf: float,
+    *,
+    args: argparse.Namespace,
+    backend: str | None,
+    backend_error: Exception | None,
+    block: Any,
+    results: ResultsFile,
+    budget: Budget,
 ) -> None:
     """Run every phase for one scale factor (see the module docstring)."""
     label = sf_label(sf)
@@ -122,7 +159,9 @@ def run_scale_factor(
 
     print(f"== scale factor {label}: data", flush=True)
     try:
-        data = ensure_tpch(sf, args.data_dir or default_data_dir(), tpchgen=args.tpchgen, threads=args.threads)
+        data = ensure_tpch(
+            sf, args.data_dir or default_data_dir(), tpchgen=args.tpchgen, threads=args.threads
+        )
     except Exception as exc:
         traceback.print_exc()
         results.error(f"data sf{label}", exc)
@@ -141,9 +180,16 @@ def run_scale_factor(
             print(f"== scale factor {label}: (a) our Prefect flow", flush=True)
             try:
                 engines["ours"] = run_ours(
-                    label=label, block=block, pipelines=pipes if "a" in want else [], paths=paths,
-                    runs=args.runs, warmups=args.warmups, budget=budget,
-                    overhead_calls=args.overhead_calls, overhead="f" in want, guard=guard,
+                    label=label,
+                    block=block,
+                    pipelines=pipes if "a" in want else [],
+                    paths=paths,
+                    runs=args.runs,
+                    warmups=args.warmups,
+                    budget=budget,
+                    overhead_calls=args.overhead_calls,
+                    overhead="f" in want,
+                    guard=guard,
                 )
             except Exception as exc:
                 traceback.print_exc()
@@ -152,20 +198,38 @@ def run_scale_factor(
                     results.fail(label, key, exc)
         if want & set("bcdf"):
             print(f"== scale factor {label}: (b)-(d) bare engine", flush=True)
-            run_bare(label, backend, block, pipes, paths, want, args, guard, results, budget, engines)
+            run_bare(
+                label, backend, block, pipes, paths, want, args, guard, results, budget, engines
+            )
     results.set("engines", engines, sf=label)
 
     if "e" in want:
         print(f"== scale factor {label}: (e) polars CPU", flush=True)
         for p in pipes:
-            guard((p.name, "e"), lambda p=p: repeat(
-                lambda: bare_variants.cpu_polars(p, paths), runs=args.runs, warmups=args.warmups, budget=budget))
+            guard(
+                (p.name, "e"),
+                lambda p=p: repeat(
+                    lambda: bare_variants.cpu_polars(p, paths),
+                    runs=args.runs,
+                    warmups=args.warmups,
+                    budget=budget,
+                ),
+            )
     results.check_results(label, compare)
 
 
 def run_bare(
-    label: str, backend: str, block: Any, pipes: list[Pipeline], paths: dict[str, str], want: set[str],
-    args: argparse.Namespace, guard: Any, results: ResultsFile, budget: Budget, engines: dict[str, Any],
+    label: str,
+    backend: str,
+    block: Any,
+    pipes: list[Pipeline],
+    paths: dict[str, str],
+    want: set[str],
+    args: argparse.Namespace,
+    guard: Any,
+    results: ResultsFile,
+    budget: Budget,
+    engines: dict[str, Any],
 ) -> None:
     """(b), (c), (d) per pipeline and (f) bare / plain-task / noop-task on one bare engine."""
     keys = [(p.name, v) for p in pipes for v in "bcd" if v in want]
@@ -185,12 +249,25 @@ def run_bare(
         for p in pipes:
             for v in "bcd":
                 if v in want:
-                    guard((p.name, v), lambda p=p, fn=runners[v]: repeat(
-                        lambda: fn(engine, p, paths), runs=args.runs, warmups=args.warmups, budget=budget))
+                    guard(
+                        (p.name, v),
+                        lambda p=p, fn=runners[v]: repeat(
+                            lambda: fn(engine, p, paths),
+                            runs=args.runs,
+                            warmups=args.warmups,
+                            budget=budget,
+                        ),
+                    )
         if "f" in want:
             try:
-                run_plain_tasks(label=label, engine=engine, paths=paths, calls=args.overhead_calls,
-                                warmups=max(3, args.warmups), guard=guard)
+                run_plain_tasks(
+                    label=label,
+                    engine=engine,
+                    paths=paths,
+                    calls=args.overhead_calls,
+                    warmups=max(3, args.warmups),
+                    guard=guard,
+                )
             except Exception as exc:
                 traceback.print_exc()
                 results.fail(label, ("task-overhead", PLAIN_OVERHEAD), exc)
@@ -207,7 +284,9 @@ def rewrite_reports(out: Path) -> int:
 
     source = Path(out) / "results.json"
     if not source.exists():
-        print(f"{source} does not exist: run the benchmark with --out {out} first.", file=sys.stderr)
+        print(
+            f"{source} does not exist: run the benchmark with --out {out} first.", file=sys.stderr
+        )
         return 2
     doc = json.loads(source.read_text())
     doc["goals"] = report.goals(doc)
@@ -226,18 +305,24 @@ def main(argv: list[str] | None = None) -> int:
     from prefect_cudf_polars.blocks.session import resolve_backend
 
     settings = {
-        "scale_factors": [sf_label(s) for s in args.scale_factors], "runs": args.runs,
-        "warmups": args.warmups, "backend": args.backend, "gpus": args.gpus,
-        "pipelines": args.pipelines, "variants": args.variants,
-        "overhead_calls": args.overhead_calls, "budget_s": args.budget_s,
+        "scale_factors": [sf_label(s) for s in args.scale_factors],
+        "runs": args.runs,
+        "warmups": args.warmups,
+        "backend": args.backend,
+        "gpus": args.gpus,
+        "pipelines": args.pipelines,
+        "variants": args.variants,
+        "overhead_calls": args.overhead_calls,
+        "budget_s": args.budget_s,
         "target_partition_size": args.target_partition_size,
     }
     command = ["python", "-m", "benchmarks", *(argv if argv is not None else sys.argv[1:])]
     results = ResultsFile(args.out, command=command, settings=settings)
     budget = Budget(args.budget_s)
     results.set("machine", machine.describe())
-    block = CudfPolarsEngine(backend=args.backend, raise_on_fail=True,
-                             target_partition_size=args.target_partition_size)
+    block = CudfPolarsEngine(
+        backend=args.backend, raise_on_fail=True, target_partition_size=args.target_partition_size
+    )
     backend: str | None
     backend_error: Exception | None = None
     try:
@@ -248,12 +333,23 @@ def main(argv: list[str] | None = None) -> int:
         results.error("backend", exc)
         print(f"GPU variants will be recorded as failed: {error_text(exc)}", flush=True)
     for sf in args.scale_factors:
-        run_scale_factor(sf, args=args, backend=backend, backend_error=backend_error,
-                         block=block, results=results, budget=budget)
+        run_scale_factor(
+            sf,
+            args=args,
+            backend=backend,
+            backend_error=backend_error,
+            block=block,
+            results=results,
+            budget=budget,
+        )
         results.set("goals", report.goals(results.doc))
         results.set("reports", report.write_reports(results.doc, args.out))
     results.finish()
     results.set("reports", report.write_reports(results.doc, args.out))
     print(report.markdown(results.doc), flush=True)
-    failed = [m for m in results.doc["measurements"] + results.doc["task_overhead"] if m["status"] == "failed"]
+    failed = [
+        m
+        for m in results.doc["measurements"] + results.doc["task_overhead"]
+        if m["status"] == "failed"
+    ]
     return 1 if failed or results.doc["errors"] else 0

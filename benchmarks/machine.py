@@ -66,7 +66,11 @@ def gpus() -> dict[str, Any]:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3:
             found.append(
-                {"name": parts[0], "driver_version": parts[1], "memory_total_mib": int(float(parts[2]))}
+                {
+                    "name": parts[0],
+                    "driver_version": parts[1],
+                    "memory_total_mib": int(float(parts[2])),
+                }
             )
     header = _run(["nvidia-smi"]) or ""
     match = re.search(r"CUDA Version:\s*([\d.]+)", header)

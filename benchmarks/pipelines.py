@@ -94,9 +94,7 @@ def q1_line_charges(previous: pl.LazyFrame | None, _: Paths) -> pl.LazyFrame:
     """Step 2: discounted price and charge per line."""
     assert previous is not None
     disc_price = pl.col("l_extendedprice") * (1 - pl.col("l_discount"))
-    return previous.with_columns(
-        disc_price=disc_price, charge=disc_price * (1 + pl.col("l_tax"))
-    )
+    return previous.with_columns(disc_price=disc_price, charge=disc_price * (1 + pl.col("l_tax")))
 
 
 def q1_pricing_summary(previous: pl.LazyFrame | None, _: Paths) -> pl.LazyFrame:

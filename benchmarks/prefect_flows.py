@@ -26,7 +26,7 @@ from prefect import flow
 from benchmarks import task_overhead
 from benchmarks.overhead_profile import TaskPathProfile
 from benchmarks.pipelines import Paths, Pipeline, Step
-from benchmarks.timing import Budget, RunOutcome, Timing, repeat
+from benchmarks.timing import Budget, RunOutcome, repeat
 from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.tasks import GPUResult, gpu_task
 
@@ -132,7 +132,10 @@ def run_ours(
                         release=task_overhead.release_result,
                     ),
                 )
-                guard(("task-overhead", "profile"), lambda: profile_gpu_task(session, tiny, overhead_calls))
+                guard(
+                    ("task-overhead", "profile"),
+                    lambda: profile_gpu_task(session, tiny, overhead_calls),
+                )
             description = dict(session.description)
         return {"session": session.summary(), "description": description}
 
@@ -166,7 +169,11 @@ def run_plain_tasks(
     plain = task_overhead.plain_task_for(engine, paths)
     release = task_overhead.release_result
 
-    @flow(name="tpch-benchmark-plain-tasks", flow_run_name=f"plain-sf{label}", validate_parameters=False)
+    @flow(
+        name="tpch-benchmark-plain-tasks",
+        flow_run_name=f"plain-sf{label}",
+        validate_parameters=False,
+    )
     def tpch_benchmark_plain_tasks() -> None:
         guard(
             ("task-overhead", PLAIN_OVERHEAD),

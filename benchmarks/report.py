@@ -27,7 +27,13 @@ VARIANTS: dict[str, str] = {
     "d": "(d) bare engine, collect() + .lazy() host round trips",
     "e": "(e) polars on the CPU, fused query",
 }
-SHORT = {"a": "(a) ours", "b": "(b) chained", "c": "(c) fused", "d": "(d) round trips", "e": "(e) CPU"}
+SHORT = {
+    "a": "(a) ours",
+    "b": "(b) chained",
+    "c": "(c) fused",
+    "d": "(d) round trips",
+    "e": "(e) CPU",
+}
 OVERHEAD_NAMES = ("bare", "plain-task", "noop-task", "gpu-task", "noop-task@ours")
 GOAL_SF = 10.0
 
@@ -73,34 +79,62 @@ def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
     at = next((s for s in sfs if float(s) == GOAL_SF), max(sfs, key=float))
     note = "" if float(at) == GOAL_SF else f"scale factor {GOAL_SF:g} not run; judged at {at}"
     if doc["settings"].get("backend") == "cpu":
-        note = (note + "; " if note else "") + "cpu backend: a check of the harness, not of the goals"
+        note = (
+            note + "; " if note else ""
+        ) + "cpu backend: a check of the harness, not of the goals"
     out = []
     for p in pipelines_of(doc):
         a, c, d = (_median(doc, at, p, v) for v in "acd")
         ratio = a / c if a and c else None
         out.append(
-            {"goal": "(a)/(c) <= 1.10", "pipeline": p, "scale_factor": at, "value": ratio,
-             "target": 1.10, "met": None if ratio is None else ratio <= 1.10, "note": note}
+            {
+                "goal": "(a)/(c) <= 1.10",
+                "pipeline": p,
+                "scale_factor": at,
+                "value": ratio,
+                "target": 1.10,
+                "met": None if ratio is None else ratio <= 1.10,
+                "note": note,
+            }
         )
         ratio = d / a if a and d else None
         out.append(
-            {"goal": "(d)/(a) >= 20", "pipeline": p, "scale_factor": at, "value": ratio,
-             "target": 20.0, "met": None if ratio is None else ratio >= 20.0, "note": note}
+            {
+                "goal": "(d)/(a) >= 20",
+                "pipeline": p,
+                "scale_factor": at,
+                "value": ratio,
+                "target": 20.0,
+                "met": None if ratio is None else ratio >= 20.0,
+                "note": note,
+            }
         )
     for sf in sfs:
         ours, corrected = our_overhead_ms(doc, sf)
         if ours is None and _overhead(doc, sf, "gpu-task") is None:
             continue
         out.append(
-            {"goal": "our overhead per GPU task <= 1 ms", "pipeline": "tiny query",
-             "scale_factor": sf, "value": ours, "target": 1.0,
-             "met": None if ours is None else ours <= 1.0, "note": note}
+            {
+                "goal": "our overhead per GPU task <= 1 ms",
+                "pipeline": "tiny query",
+                "scale_factor": sf,
+                "value": ours,
+                "target": 1.0,
+                "met": None if ours is None else ours <= 1.0,
+                "note": note,
+            }
         )
         if corrected is not None:
             out.append(
-                {"goal": "our overhead per GPU task <= 1 ms (drift-corrected)",
-                 "pipeline": "tiny query", "scale_factor": sf, "value": corrected,
-                 "target": 1.0, "met": corrected <= 1.0, "note": note}
+                {
+                    "goal": "our overhead per GPU task <= 1 ms (drift-corrected)",
+                    "pipeline": "tiny query",
+                    "scale_factor": sf,
+                    "value": corrected,
+                    "target": 1.0,
+                    "met": corrected <= 1.0,
+                    "note": note,
+                }
             )
     return out
 
@@ -111,7 +145,11 @@ def our_overhead_ms(doc: dict[str, Any], sf: str) -> tuple[float | None, float |
     by the no-op task timed in each flow run; ``None`` where a number is missing.
     """
     o = {n: _overhead(doc, sf, n) for n in OVERHEAD_NAMES}
-    ours = o["gpu-task"] - o["plain-task"] if o["gpu-task"] is not None and o["plain-task"] is not None else None
+    ours = (
+        o["gpu-task"] - o["plain-task"]
+        if o["gpu-task"] is not None and o["plain-task"] is not None
+        else None
+    )
     corrected = None
     if ours is not None and o["noop-task"] is not None and o["noop-task@ours"] is not None:
         corrected = (o["gpu-task"] - o["noop-task@ours"]) - (o["plain-task"] - o["noop-task"])
@@ -170,7 +208,9 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             f"## Scale factor {sf}",
             "",
-            "| pipeline | " + " | ".join(SHORT.values()) + " | a/b | b/c | a/c | d/a | e/a | results match |",
+            "| pipeline | "
+            + " | ".join(SHORT.values())
+            + " | a/b | b/c | a/c | d/a | e/a | results match |",
             "|---|" + "---:|" * (len(SHORT) + 5) + "---|",
         ]
         for p in pipelines_of(doc):
@@ -178,8 +218,11 @@ def markdown(doc: dict[str, Any]) -> str:
             cells = []
             for v in SHORT:
                 entry = next(
-                    (m for m in doc["measurements"]
-                     if (m["scale_factor"], m["pipeline"], m["variant"]) == (sf, p, v)),
+                    (
+                        m
+                        for m in doc["measurements"]
+                        if (m["scale_factor"], m["pipeline"], m["variant"]) == (sf, p, v)
+                    ),
                     None,
                 )
                 if entry is None:
@@ -196,15 +239,21 @@ def markdown(doc: dict[str, Any]) -> str:
                 _fmt(med["e"] / med["a"], 1) if med["a"] and med["e"] else "—",
             ]
             checks = [
-                m for m in doc["measurements"]
+                m
+                for m in doc["measurements"]
                 if m["scale_factor"] == sf and m["pipeline"] == p and "matches_reference" in m
             ]
             match = (
-                "—" if not checks
-                else "yes" if all(m["matches_reference"] for m in checks)
-                else "**no**: " + ", ".join(m["variant"] for m in checks if not m["matches_reference"])
+                "—"
+                if not checks
+                else "yes"
+                if all(m["matches_reference"] for m in checks)
+                else "**no**: "
+                + ", ".join(m["variant"] for m in checks if not m["matches_reference"])
             )
-            lines.append(f"| {p} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {match} |")
+            lines.append(
+                f"| {p} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {match} |"
+            )
         eng = doc.get("engines", {}).get(sf, {})
         ours = eng.get("ours", {})
         timings = ours.get("session", {}).get("timings", {})
@@ -217,11 +266,18 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"(engine start and shutdown, warm-ups, runs and (f)).",
             ]
         steps = [
-            m for m in doc["measurements"]
+            m
+            for m in doc["measurements"]
             if m["scale_factor"] == sf and m["status"] == "ok" and m.get("steps_median_s")
         ]
         if steps:
-            lines += ["", "Median seconds per step:", "", "| pipeline | variant | steps |", "|---|---|---|"]
+            lines += [
+                "",
+                "Median seconds per step:",
+                "",
+                "| pipeline | variant | steps |",
+                "|---|---|---|",
+            ]
             for m in steps:
                 text = ", ".join(f"{k} {v:.3f}" for k, v in m["steps_median_s"].items())
                 lines.append(f"| {m['pipeline']} | {SHORT[m['variant']]} | {text} |")
@@ -232,7 +288,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "`bare`, `plain-task` and `noop-task` take turns in one flow run next to the bare engine; "
         "`gpu-task` and `noop-task@ours` in our flow run next to the session.",
         "",
-        "| SF | " + " | ".join(OVERHEAD_NAMES) + " | ours (gpu − plain) | ours, drift-corrected | Prefect (plain − bare) |",
+        "| SF | "
+        + " | ".join(OVERHEAD_NAMES)
+        + " | ours (gpu − plain) | ours, drift-corrected | Prefect (plain − bare) |",
         "|---|" + "---:|" * (len(OVERHEAD_NAMES) + 3),
     ]
     for sf in scale_factors(doc):
@@ -240,20 +298,35 @@ def markdown(doc: dict[str, Any]) -> str:
         if all(v is None for v in o.values()):
             continue
         ours, corrected = our_overhead_ms(doc, sf)
-        pref = o["plain-task"] - o["bare"] if o["plain-task"] is not None and o["bare"] is not None else None
+        pref = (
+            o["plain-task"] - o["bare"]
+            if o["plain-task"] is not None and o["bare"] is not None
+            else None
+        )
         lines.append(
-            f"| {sf} | " + " | ".join(_fmt(o[n], 3) for n in OVERHEAD_NAMES)
+            f"| {sf} | "
+            + " | ".join(_fmt(o[n], 3) for n in OVERHEAD_NAMES)
             + f" | {_fmt(ours, 3)} | {_fmt(corrected, 3)} | {_fmt(pref, 3)} |"
         )
     for sf, prof in doc.get("task_path_profile", {}).items():
         if "status" in prof:
             continue
-        lines += ["", f"Where one GPU task's time goes (SF {sf}, ms per call):", "", "| piece | ms |", "|---|---:|"]
+        lines += [
+            "",
+            f"Where one GPU task's time goes (SF {sf}, ms per call):",
+            "",
+            "| piece | ms |",
+            "|---|---:|",
+        ]
         lines += [f"| {k} | {v:.3f} |" for k, v in prof.items()]
     if doc.get("data"):
-        lines += ["", "## Data (tpchgen-cli parquet, money columns as Float64)", "",
-                  "| SF | lineitem rows | parquet bytes | generate s | convert s | reused | generator |",
-                  "|---|---:|---:|---:|---:|---|---|"]
+        lines += [
+            "",
+            "## Data (tpchgen-cli parquet, money columns as Float64)",
+            "",
+            "| SF | lineitem rows | parquet bytes | generate s | convert s | reused | generator |",
+            "|---|---:|---:|---:|---:|---|---|",
+        ]
         for sf, d in doc["data"].items():
             if "rows" not in d:
                 continue
@@ -266,7 +339,9 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["", "## Failures and skips", ""]
         for m in failures:
             what = f"{m.get('pipeline', 'task-overhead')} {m.get('variant', m.get('name'))}"
-            lines.append(f"* SF {m['scale_factor']} {what}: {m['status']}: {m.get('error', '')[:300]}")
+            lines.append(
+                f"* SF {m['scale_factor']} {what}: {m['status']}: {m.get('error', '')[:300]}"
+            )
         for e in doc.get("errors", []):
             lines.append(f"* {e['where']}: {e['error'][:300]}")
     return "\n".join(lines) + "\n"
@@ -325,5 +400,8 @@ def write_reports(doc: dict[str, Any], out: Path) -> dict[str, Any]:
     out = Path(out)
     (out / "results.md").write_text(markdown(doc))
     problem = chart(doc, out / "chart.png")
-    return {"markdown": str(out / "results.md"), "chart": None if problem else str(out / "chart.png"),
-            "chart_problem": problem}
+    return {
+        "markdown": str(out / "results.md"),
+        "chart": None if problem else str(out / "chart.png"),
+        "chart_problem": problem,
+    }

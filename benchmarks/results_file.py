@@ -121,7 +121,10 @@ class ResultsFile:
             except Exception as exc:  # recorded; the next measurement still runs
                 traceback.print_exc()
                 self._record(
-                    sf, key, status="failed", error=error_text(exc),
+                    sf,
+                    key,
+                    status="failed",
+                    error=error_text(exc),
                     traceback=traceback.format_exc()[-4000:],
                 )
                 return None
@@ -159,7 +162,9 @@ class ResultsFile:
     ) -> None:
         group, name = key
         if group == "task-overhead" and name == "profile":
-            self.doc["task_path_profile"][sf] = value if status == "ok" else {"status": status, **extra}
+            self.doc["task_path_profile"][sf] = (
+                value if status == "ok" else {"status": status, **extra}
+            )
             self.save()
             return
         if group == "task-overhead":
@@ -190,12 +195,13 @@ class ResultsFile:
             if entry["scale_factor"] != sf or entry["status"] != "ok":
                 continue
             pipeline = entry["pipeline"]
-            ref_variant = next(
-                (v for v in ("e", "c") if (sf, pipeline, v) in self.frames), None
-            )
+            ref_variant = next((v for v in ("e", "c") if (sf, pipeline, v) in self.frames), None)
             if ref_variant is None:
                 continue
-            problem = compare(self.frames[(sf, pipeline, entry["variant"])], self.frames[(sf, pipeline, ref_variant)])
+            problem = compare(
+                self.frames[(sf, pipeline, entry["variant"])],
+                self.frames[(sf, pipeline, ref_variant)],
+            )
             entry["reference"] = ref_variant
             entry["matches_reference"] = problem is None
             if problem is not None:

@@ -39,8 +39,10 @@ TINY_REGION = 2  # ASIA
 
 def tiny_query(paths: Paths) -> pl.LazyFrame:
     """The nations of one region: 5 rows out of 25."""
-    return scan(paths, "nation").filter(pl.col("n_regionkey") == TINY_REGION).select(
-        "n_nationkey", "n_name"
+    return (
+        scan(paths, "nation")
+        .filter(pl.col("n_regionkey") == TINY_REGION)
+        .select("n_nationkey", "n_name")
     )
 
 

@@ -147,9 +147,7 @@ def ensure_tpch(
     rows = {}
     for table in TABLES:
         source = pl.scan_parquet(raw / f"{table}.parquet")
-        source.with_columns(cs.decimal().cast(pl.Float64)).sink_parquet(
-            folder / f"{table}.parquet"
-        )
+        source.with_columns(cs.decimal().cast(pl.Float64)).sink_parquet(folder / f"{table}.parquet")
         rows[table] = pl.scan_parquet(folder / f"{table}.parquet").select(pl.len()).collect().item()
     convert_s = time.perf_counter() - started
     shutil.rmtree(raw)

@@ -61,7 +61,16 @@ def run_bench(tpch_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         out = tmp_path_factory.mktemp("bench-out")
         env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONUNBUFFERED": "1"}
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks", *args, "--out", str(out), "--data-dir", str(tpch_dir)],
+            [
+                sys.executable,
+                "-m",
+                "benchmarks",
+                *args,
+                "--out",
+                str(out),
+                "--data-dir",
+                str(tpch_dir),
+            ],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -74,14 +83,29 @@ def run_bench(tpch_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 PIPELINES = ("q1-pricing-summary", "q3-shipping-priority", "q5-local-supplier-volume")
-SF001_ROWS = {"lineitem": 60_175, "orders": 15_000, "customer": 1_500, "supplier": 100, "nation": 25, "region": 5}
+SF001_ROWS = {
+    "lineitem": 60_175,
+    "orders": 15_000,
+    "customer": 1_500,
+    "supplier": 100,
+    "nation": 25,
+    "region": 5,
+}
 
 
 @pytest.fixture(scope="module")
 def cpu_run(run_bench):
     return run_bench(
-        "--scale-factors", "0.01", "--runs", "2", "--warmups", "1",
-        "--backend", "cpu", "--overhead-calls", "5",
+        "--scale-factors",
+        "0.01",
+        "--runs",
+        "2",
+        "--warmups",
+        "1",
+        "--backend",
+        "cpu",
+        "--overhead-calls",
+        "5",
     )
 
 
@@ -103,7 +127,9 @@ def test_cpu_run_records_every_variant_and_matches_cpu(cpu_run):
     profile = doc["task_path_profile"]["0.01"]
     assert profile["task total"] >= profile["session.execute"] >= profile["engine.execute"] > 0
     assert {g["goal"] for g in doc["goals"]} == {
-        "(a)/(c) <= 1.10", "(d)/(a) >= 20", "our overhead per GPU task <= 1 ms",
+        "(a)/(c) <= 1.10",
+        "(d)/(a) >= 20",
+        "our overhead per GPU task <= 1 ms",
         "our overhead per GPU task <= 1 ms (drift-corrected)",
     }
     assert all("cpu backend" in g["note"] for g in doc["goals"])
@@ -160,7 +186,12 @@ def test_pipeline_steps_compute_the_tpch_answers(cpu_run, tpch_dir):
     q1 = DEFINED["q1-pricing-summary"].fused(paths).collect()
     shipped = pl.scan_parquet(paths["lineitem"]).filter(pl.col("l_shipdate") <= Q1_SHIP_CUTOFF)
     assert q1["count_order"].sum() == shipped.select(pl.len()).collect().item()
-    assert q1.select("l_returnflag", "l_linestatus").rows() == [("A", "F"), ("N", "F"), ("N", "O"), ("R", "F")]
+    assert q1.select("l_returnflag", "l_linestatus").rows() == [
+        ("A", "F"),
+        ("N", "F"),
+        ("N", "O"),
+        ("R", "F"),
+    ]
     q3 = DEFINED["q3-shipping-priority"].fused(paths).collect()
     assert q3.height == 10 and q3["revenue"].is_sorted(descending=True)
     q5 = DEFINED["q5-local-supplier-volume"].fused(paths).collect()
@@ -176,8 +207,20 @@ def test_pipeline_steps_compute_the_tpch_answers(cpu_run, tpch_dir):
 @pytest.mark.skipif(gpu_probe.probe().problem is None, reason="this machine has a GPU")
 def test_missing_gpu_is_recorded_and_the_cpu_variant_still_runs(run_bench):
     run = run_bench(
-        "--scale-factors", "0.01", "--runs", "1", "--warmups", "0", "--backend", "spmd",
-        "--pipelines", "q1-pricing-summary", "--variants", "a,b,e,f", "--overhead-calls", "2",
+        "--scale-factors",
+        "0.01",
+        "--runs",
+        "1",
+        "--warmups",
+        "0",
+        "--backend",
+        "spmd",
+        "--pipelines",
+        "q1-pricing-summary",
+        "--variants",
+        "a,b,e,f",
+        "--overhead-calls",
+        "2",
     )
     assert run.returncode == 1
     doc = run.results
@@ -187,16 +230,27 @@ def test_missing_gpu_is_recorded_and_the_cpu_variant_still_runs(run_bench):
         failed = status[("q1-pricing-summary", variant)]
         assert failed["status"] == "failed" and "NoGPUError" in failed["error"]
     assert {m["name"]: m["status"] for m in doc["task_overhead"]} == {
-        "gpu-task": "failed", "noop-task@ours": "failed",
-        "bare": "failed", "plain-task": "failed", "noop-task": "failed",
+        "gpu-task": "failed",
+        "noop-task@ours": "failed",
+        "bare": "failed",
+        "plain-task": "failed",
+        "noop-task": "failed",
     }
     assert "## Failures and skips" in (run.out / "results.md").read_text()
 
 
 def test_spent_budget_skips_measurements(run_bench):
     run = run_bench(
-        "--scale-factors", "0.01", "--backend", "cpu", "--budget-s", "0",
-        "--pipelines", "q3-shipping-priority", "--variants", "b,c,e",
+        "--scale-factors",
+        "0.01",
+        "--backend",
+        "cpu",
+        "--budget-s",
+        "0",
+        "--pipelines",
+        "q3-shipping-priority",
+        "--variants",
+        "b,c,e",
     )
     assert run.returncode == 0, run.output[-3000:]
     assert {m["status"] for m in run.results["measurements"]} == {"skipped"}
@@ -213,8 +267,16 @@ def test_bad_scale_factor_is_refused_with_a_clear_message(run_bench):
 def test_spmd_harness_small_run_matches_cpu(run_bench):
     """Every variant on SPMDEngine(raise_on_fail=True) at SF 0.01 equals polars on the CPU."""
     run = run_bench(
-        "--scale-factors", "0.01", "--runs", "2", "--warmups", "1",
-        "--backend", "spmd", "--overhead-calls", "10",
+        "--scale-factors",
+        "0.01",
+        "--runs",
+        "2",
+        "--warmups",
+        "1",
+        "--backend",
+        "spmd",
+        "--overhead-calls",
+        "10",
         timeout=420,
     )
     assert run.returncode == 0, run.output[-6000:]
@@ -224,7 +286,11 @@ def test_spmd_harness_small_run_matches_cpu(run_bench):
         assert m["status"] == "ok", (m["pipeline"], m["variant"], m.get("error"))
         assert m["matches_reference"] is True, (m["pipeline"], m["variant"], m.get("mismatch"))
     assert {m["name"]: m["status"] for m in doc["task_overhead"]} == {
-        "gpu-task": "ok", "noop-task@ours": "ok", "bare": "ok", "plain-task": "ok", "noop-task": "ok"
+        "gpu-task": "ok",
+        "noop-task@ours": "ok",
+        "bare": "ok",
+        "plain-task": "ok",
+        "noop-task": "ok",
     }
     session = doc["engines"]["0.01"]["ours"]["session"]
     assert session["backend"] == "spmd" and session["gpus"]
