@@ -12,7 +12,7 @@ GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noh
 
 STAMP := $(VENV)/.installed$(GPU_EXTRA)
 
-.PHONY: run test install clean
+.PHONY: run test bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The benchmark harness (benchmarks/README.md), e.g.
+#   make bench ARGS="--scale-factors 0.1 --backend cpu --out output/bench"
+bench: install
+	$(BIN)/python -m benchmarks $(ARGS)
 
 clean:
 	rm -rf $(VENV) output .pytest_cache

@@ -1,0 +1,214 @@
+"""
+``results.json``: every measurement, written again after each one, so a crash or a timeout keeps what was done.
+
+Layout (``schema`` 1)::
+
+    {"schema": 1, "started_at", "finished_at", "command", "settings", "machine",
+     "data": {"<sf>": {...}},                      # tpch_data.ensure_tpch, minus paths
+     "engines": {"<sf>": {...}},                   # engine start seconds, session summary
+     "measurements": [                            # one per (sf, pipeline, variant)
+        {"scale_factor", "pipeline", "variant", "status": "ok"|"failed"|"skipped",
+         "error", "median_s", "min_s", "runs_s", "warmup_s", "steps_median_s",
+         "cut_short", "matches_reference", "reference"}],
+     "task_overhead": [                           # (f), one per (sf, name)
+        {"scale_factor", "name", "status", "error", "median_ms", "p10_ms", "p90_ms",
+         "calls", "runs_ms"}],
+     "task_path_profile": {"<sf>": {piece: ms per call}},
+     "goals": [...],                              # benchmarks.report.goals
+     "errors": [...]}                             # failures outside a measurement
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.timing import BudgetSpentError, Timing
+
+SCHEMA = 1
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of an exception (an ExceptionGroup's first member included)."""
+    text = f"{type(exc).__name__}: {exc}"
+    for inner in getattr(exc, "exceptions", ())[:1]:
+        text += f" [{type(inner).__name__}: {inner}]"
+    return text[:2000]
+
+
+class ResultsFile:
+    """
+    The results of one benchmark command, saved to ``out/results.json`` on every change.
+
+    Parameters
+    ----------
+    out
+        Output folder (created if missing).
+    command, settings
+        The command line and its parsed settings, stored as they are.
+    """
+
+    def __init__(self, out: Path, *, command: list[str], settings: dict[str, Any]) -> None:
+        self.out = Path(out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.path = self.out / "results.json"
+        self.doc: dict[str, Any] = {
+            "schema": SCHEMA,
+            "started_at": _now(),
+            "finished_at": None,
+            "command": command,
+            "settings": settings,
+            "machine": {},
+            "data": {},
+            "engines": {},
+            "measurements": [],
+            "task_overhead": [],
+            "task_path_profile": {},
+            "goals": [],
+            "errors": [],
+        }
+        #: Final DataFrames per (sf, pipeline, variant), for the correctness check.
+        self.frames: dict[tuple[str, str, str], Any] = {}
+        self.save()
+
+    def save(self) -> None:
+        """Write ``results.json`` (via a temporary file and a rename)."""
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.doc, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+    def set(self, key: str, value: Any, *, sf: str | None = None) -> None:
+        """Set a top-level field (or ``field[sf]``) and save."""
+        if sf is None:
+            self.doc[key] = value
+        else:
+            self.doc[key][sf] = value
+        self.save()
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """Record a failure outside a measurement (data generation, an engine start)."""
+        self.doc["errors"].append(
+            {"where": where, "error": error_text(exc), "traceback": traceback.format_exc()[-4000:]}
+        )
+        self.save()
+
+    def guard_for(self, sf: str) -> Callable[[tuple[str, str], Callable[[], Any]], Any]:
+        """
+        A guard for one scale factor: ``guard((pipeline, variant), fn)``.
+
+        Runs ``fn``; a :class:`~benchmarks.timing.Timing` (pipelines) or a dict
+        (task overhead, profile) is recorded with status ``ok``; an exception is
+        recorded with status ``failed`` (``skipped`` when the budget was spent)
+        and swallowed, so the next measurement still runs.
+        """
+
+        def guard(key: tuple[str, str], fn: Callable[[], Any]) -> Any:
+            started = time.perf_counter()
+            try:
+                value = fn()
+            except BudgetSpentError as exc:
+                self._record(sf, key, status="skipped", error=str(exc))
+                return None
+            except Exception as exc:  # recorded; the next measurement still runs
+                traceback.print_exc()
+                self._record(
+                    sf,
+                    key,
+                    status="failed",
+                    error=error_text(exc),
+                    traceback=traceback.format_exc()[-4000:],
+                )
+                return None
+            self._record(sf, key, status="ok", value=value, wall_s=time.perf_counter() - started)
+            return value
+
+        return guard
+
+    def has(self, sf: str, key: tuple[str, str]) -> bool:
+        """Whether a measurement (or task-overhead entry) is recorded for ``key``."""
+        group, name = key
+        if group == "task-overhead" and name == "profile":
+            return sf in self.doc["task_path_profile"]
+        if group == "task-overhead":
+            return all(
+                any((m["scale_factor"], m["name"]) == (sf, one) for m in self.doc["task_overhead"])
+                for one in name.split(",")
+            )
+        return any(
+            (m["scale_factor"], m["pipeline"], m["variant"]) == (sf, group, name)
+            for m in self.doc["measurements"]
+        )
+
+    def skip(self, sf: str, key: tuple[str, str], reason: str) -> None:
+        """Record a measurement that did not run (its engine did not start, ...)."""
+        self._record(sf, key, status="skipped", error=reason)
+
+    def fail(self, sf: str, key: tuple[str, str], exc: BaseException) -> None:
+        """Record a measurement that could not run because of ``exc`` (unless recorded)."""
+        if not self.has(sf, key):
+            self._record(sf, key, status="failed", error=error_text(exc))
+
+    def _record(
+        self, sf: str, key: tuple[str, str], *, status: str, value: Any = None, **extra: Any
+    ) -> None:
+        group, name = key
+        if group == "task-overhead" and name == "profile":
+            self.doc["task_path_profile"][sf] = (
+                value if status == "ok" else {"status": status, **extra}
+            )
+            self.save()
+            return
+        if group == "task-overhead":
+            # ``name`` may join several interleaved measurements: "bare,plain-task,noop-task".
+            for one in name.split(","):
+                entry = {"scale_factor": sf, "name": one, "status": status, **extra}
+                if isinstance(value, dict) and isinstance(value.get(one), dict):
+                    entry.update(value[one])
+                self.doc["task_overhead"].append(entry)
+            self.save()
+            return
+        entry = {"scale_factor": sf, "pipeline": group, "variant": name, "status": status, **extra}
+        if isinstance(value, Timing):
+            entry.update(value.as_dict())
+            self.frames[(sf, group, name)] = value.result
+        self.doc["measurements"].append(entry)
+        self.save()
+
+    def check_results(self, sf: str, compare: Callable[[Any, Any], str | None]) -> None:
+        """
+        Compare every variant's final DataFrame with the reference of its pipeline.
+
+        The reference is variant ``e`` (polars on the CPU), else ``c``. Sets
+        ``matches_reference`` (bool) and ``reference`` on each measurement, and
+        ``mismatch`` with ``compare``'s text when they differ.
+        """
+        for entry in self.doc["measurements"]:
+            if entry["scale_factor"] != sf or entry["status"] != "ok":
+                continue
+            pipeline = entry["pipeline"]
+            ref_variant = next((v for v in ("e", "c") if (sf, pipeline, v) in self.frames), None)
+            if ref_variant is None:
+                continue
+            problem = compare(
+                self.frames[(sf, pipeline, entry["variant"])],
+                self.frames[(sf, pipeline, ref_variant)],
+            )
+            entry["reference"] = ref_variant
+            entry["matches_reference"] = problem is None
+            if problem is not None:
+                entry["mismatch"] = problem[:1000]
+        self.save()
+
+    def finish(self) -> None:
+        """Stamp ``finished_at`` and save."""
+        self.doc["finished_at"] = _now()
+        self.save()

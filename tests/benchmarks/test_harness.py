@@ -1,0 +1,298 @@
+"""
+The benchmark harness on the CPU (SF 0.01, ``--backend cpu``), so it never rots, and
+once on a real GPU (SPMD backend, marked ``gpu``).
+
+The real command, ``python -m benchmarks``, runs in a subprocess that talks to
+the test session's Prefect API, with data from the real ``tpchgen-cli``. No
+timing is asserted: only that every variant ran, its result matches polars on
+the CPU, failures are recorded, and every report was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import polars.selectors as cs
+import pytest
+from polars.testing import assert_frame_equal
+
+from prefect_cudf_polars.blocks import gpu_probe
+
+# benchmarks/ is a folder of the repository, not an installed package.
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclass
+class BenchRun:
+    """A finished ``python -m benchmarks`` run."""
+
+    returncode: int
+    output: str
+    out: Path
+
+    @property
+    def results(self) -> dict[str, Any]:
+        return json.loads((self.out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tpch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One TPC-H data folder for the test session (SF 0.01 is generated once)."""
+    return tmp_path_factory.mktemp("tpch")
+
+
+@pytest.fixture(scope="module")
+def run_bench(tpch_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Run ``python -m benchmarks ARGS --out <tmp> --data-dir <session tpch>``."""
+    from prefect.settings import get_current_settings
+
+    api_url = str(get_current_settings().api.url)
+
+    def run(*args: str, timeout: float = 240) -> BenchRun:
+        out = tmp_path_factory.mktemp("bench-out")
+        env = {**os.environ, "PREFECT_API_URL": api_url, "PYTHONUNBUFFERED": "1"}
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks",
+                *args,
+                "--out",
+                str(out),
+                "--data-dir",
+                str(tpch_dir),
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return BenchRun(done.returncode, done.stdout + done.stderr, out)
+
+    return run
+
+
+PIPELINES = ("q1-pricing-summary", "q3-shipping-priority", "q5-local-supplier-volume")
+SF001_ROWS = {
+    "lineitem": 60_175,
+    "orders": 15_000,
+    "customer": 1_500,
+    "supplier": 100,
+    "nation": 25,
+    "region": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def cpu_run(run_bench):
+    return run_bench(
+        "--scale-factors",
+        "0.01",
+        "--runs",
+        "2",
+        "--warmups",
+        "1",
+        "--backend",
+        "cpu",
+        "--overhead-calls",
+        "5",
+    )
+
+
+def test_cpu_run_records_every_variant_and_matches_cpu(cpu_run):
+    assert cpu_run.returncode == 0, cpu_run.output[-4000:]
+    doc = cpu_run.results
+    got = {(m["pipeline"], m["variant"]): m for m in doc["measurements"]}
+    assert set(got) == {(p, v) for p in PIPELINES for v in "abcde"}
+    for (pipeline, variant), m in got.items():
+        assert m["status"] == "ok", (pipeline, variant, m.get("error"))
+        assert len(m["runs_s"]) == 2 and len(m["warmup_s"]) == 1
+        assert m["median_s"] > 0
+        assert m["reference"] == "e" and m["matches_reference"] is True, m.get("mismatch")
+        if variant in "abd":  # chained variants time each of the 3 steps
+            assert len(m["steps_median_s"]) == 3
+    overhead = {m["name"]: m for m in doc["task_overhead"]}
+    assert set(overhead) == {"bare", "plain-task", "gpu-task", "noop-task", "noop-task@ours"}
+    assert all(m["status"] == "ok" and m["calls"] == 5 for m in overhead.values())
+    profile = doc["task_path_profile"]["0.01"]
+    assert profile["task total"] >= profile["session.execute"] >= profile["engine.execute"] > 0
+    assert {g["goal"] for g in doc["goals"]} == {
+        "(a)/(c) <= 1.10",
+        "(d)/(a) >= 20",
+        "our overhead per GPU task <= 1 ms",
+        "our overhead per GPU task <= 1 ms (drift-corrected)",
+    }
+    assert all("cpu backend" in g["note"] for g in doc["goals"])
+    assert doc["engines"]["0.01"]["ours"]["session"]["backend"] == "cpu"
+    assert doc["machine"]["packages"]["polars"] == pl.__version__
+    assert doc["data"]["0.01"]["rows"] == SF001_ROWS
+    assert doc["finished_at"] is not None
+
+
+def test_cpu_run_writes_markdown_and_chart(cpu_run):
+    md = (cpu_run.out / "results.md").read_text()
+    assert "## Scale factor 0.01" in md and "## Goals" in md
+    for pipeline in PIPELINES:
+        assert f"| {pipeline} |" in md
+    assert "| 0.01 |" in md.split("## Per-task overhead")[1]
+    assert (cpu_run.out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cpu_run.results["reports"]["chart_problem"] is None
+
+
+def test_report_only_rewrites_the_reports_from_the_json(cpu_run, tmp_path):
+    import shutil
+
+    from benchmarks.cli import rewrite_reports
+
+    shutil.copy(cpu_run.out / "results.json", tmp_path / "results.json")
+    assert rewrite_reports(tmp_path) == 0
+    assert (tmp_path / "results.md").read_text() == (cpu_run.out / "results.md").read_text()
+    assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert rewrite_reports(tmp_path / "missing") == 2
+
+
+def test_tpch_tables_are_tpchgen_output_with_float_money(cpu_run, tpch_dir, tmp_path):
+    from benchmarks.tpch_data import find_tpchgen
+
+    folder = tpch_dir / "sf0.01"
+    lineitem = pl.read_parquet(folder / "lineitem.parquet")
+    assert lineitem.schema["l_extendedprice"] == pl.Float64
+    assert lineitem.schema["l_shipdate"] == pl.Date
+    subprocess.run(
+        [find_tpchgen(), "parquet", "-s", "0.01", "-T", "lineitem", "-o", str(tmp_path), "-q"],
+        check=True,
+    )
+    raw = pl.read_parquet(tmp_path / "lineitem.parquet")
+    assert raw.schema["l_extendedprice"] == pl.Decimal(15, 2)
+    assert_frame_equal(lineitem, raw.with_columns(cs.decimal().cast(pl.Float64)))
+
+
+def test_pipeline_steps_compute_the_tpch_answers(cpu_run, tpch_dir):
+    from benchmarks.pipelines import PIPELINES as DEFINED
+    from benchmarks.pipelines import Q1_SHIP_CUTOFF, Q5_REGION
+    from benchmarks.tpch_data import table_paths
+
+    paths = table_paths(tpch_dir / "sf0.01")
+    q1 = DEFINED["q1-pricing-summary"].fused(paths).collect()
+    shipped = pl.scan_parquet(paths["lineitem"]).filter(pl.col("l_shipdate") <= Q1_SHIP_CUTOFF)
+    assert q1["count_order"].sum() == shipped.select(pl.len()).collect().item()
+    assert q1.select("l_returnflag", "l_linestatus").rows() == [
+        ("A", "F"),
+        ("N", "F"),
+        ("N", "O"),
+        ("R", "F"),
+    ]
+    q3 = DEFINED["q3-shipping-priority"].fused(paths).collect()
+    assert q3.height == 10 and q3["revenue"].is_sorted(descending=True)
+    q5 = DEFINED["q5-local-supplier-volume"].fused(paths).collect()
+    asia = (
+        pl.scan_parquet(paths["nation"])
+        .join(pl.scan_parquet(paths["region"]), left_on="n_regionkey", right_on="r_regionkey")
+        .filter(pl.col("r_name") == Q5_REGION)
+        .collect()["n_name"]
+    )
+    assert set(q5["n_name"]) <= set(asia) and q5.height > 0
+
+
+@pytest.mark.skipif(gpu_probe.probe().problem is None, reason="this machine has a GPU")
+def test_missing_gpu_is_recorded_and_the_cpu_variant_still_runs(run_bench):
+    run = run_bench(
+        "--scale-factors",
+        "0.01",
+        "--runs",
+        "1",
+        "--warmups",
+        "0",
+        "--backend",
+        "spmd",
+        "--pipelines",
+        "q1-pricing-summary",
+        "--variants",
+        "a,b,e,f",
+        "--overhead-calls",
+        "2",
+    )
+    assert run.returncode == 1
+    doc = run.results
+    status = {(m["pipeline"], m["variant"]): m for m in doc["measurements"]}
+    assert status[("q1-pricing-summary", "e")]["status"] == "ok"
+    for variant in "ab":
+        failed = status[("q1-pricing-summary", variant)]
+        assert failed["status"] == "failed" and "NoGPUError" in failed["error"]
+    assert {m["name"]: m["status"] for m in doc["task_overhead"]} == {
+        "gpu-task": "failed",
+        "noop-task@ours": "failed",
+        "bare": "failed",
+        "plain-task": "failed",
+        "noop-task": "failed",
+    }
+    assert "## Failures and skips" in (run.out / "results.md").read_text()
+
+
+def test_spent_budget_skips_measurements(run_bench):
+    run = run_bench(
+        "--scale-factors",
+        "0.01",
+        "--backend",
+        "cpu",
+        "--budget-s",
+        "0",
+        "--pipelines",
+        "q3-shipping-priority",
+        "--variants",
+        "b,c,e",
+    )
+    assert run.returncode == 0, run.output[-3000:]
+    assert {m["status"] for m in run.results["measurements"]} == {"skipped"}
+    assert len(run.results["measurements"]) == 3
+
+
+def test_bad_scale_factor_is_refused_with_a_clear_message(run_bench):
+    run = run_bench("--scale-factors", "ten")
+    assert run.returncode == 2
+    assert "'ten' is not a comma-separated list of numbers" in run.output
+
+
+@pytest.mark.gpu
+def test_spmd_harness_small_run_matches_cpu(run_bench):
+    """Every variant on SPMDEngine(raise_on_fail=True) at SF 0.01 equals polars on the CPU."""
+    run = run_bench(
+        "--scale-factors",
+        "0.01",
+        "--runs",
+        "2",
+        "--warmups",
+        "1",
+        "--backend",
+        "spmd",
+        "--overhead-calls",
+        "10",
+        timeout=420,
+    )
+    assert run.returncode == 0, run.output[-6000:]
+    doc = run.results
+    assert len(doc["measurements"]) == 15
+    for m in doc["measurements"]:
+        assert m["status"] == "ok", (m["pipeline"], m["variant"], m.get("error"))
+        assert m["matches_reference"] is True, (m["pipeline"], m["variant"], m.get("mismatch"))
+    assert {m["name"]: m["status"] for m in doc["task_overhead"]} == {
+        "gpu-task": "ok",
+        "noop-task@ours": "ok",
+        "bare": "ok",
+        "plain-task": "ok",
+        "noop-task": "ok",
+    }
+    session = doc["engines"]["0.01"]["ours"]["session"]
+    assert session["backend"] == "spmd" and session["gpus"]
+    assert doc["machine"]["gpus"], "nvidia-smi listed no GPU"
+    assert (run.out / "chart.png").exists() or doc["reports"]["chart_problem"]
