@@ -177,7 +177,7 @@ class SessionMonitor:
                 self.flow_run_id,
                 artifacts.summary_markdown(summary, dashboard=dashboard),
                 key=artifacts.summary_key(self.flow_name or "flow"),
-                description="cudf-polars engine session: results, memory, engine seconds",
+                description=artifacts.summary_description(summary),
             )
         events.emit(
             events.ENGINE_STOPPED,

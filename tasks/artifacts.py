@@ -93,7 +93,7 @@ def result_markdown(
     schema = "\n".join(f"| `{name}` | `{dtype}` |" for name, dtype in result.schema.items())
     return (
         f"### cudf-polars result `{result.name}`\n\n"
-        "| | |\n|---|---|\n"
+        "| figure | value |\n|---|---|\n"
         f"| backend | {result.backend} |\n"
         f"| ranks (GPUs) | {ranks} |\n"
         f"| partitions | {result.partitions} |\n"
@@ -147,7 +147,17 @@ def summary_markdown(summary: dict[str, Any], *, dashboard: str | None = None) -
         ("session id", f"`{summary.get('session_id')}`"),
     ]
     body = "\n".join(f"| {k} | {v} |" for k, v in rows)
-    return f"### cudf-polars engine session summary\n\n| | |\n|---|---|\n{body}\n"
+    return f"### cudf-polars engine session summary\n\n| figure | value |\n|---|---|\n{body}\n"
+
+
+def summary_description(summary: dict[str, Any]) -> str:
+    """One line with the summary's key figures (shown on the flow run's Artifacts tab)."""
+    counts = summary["counts"]
+    return (
+        f"cudf-polars engine session ({summary.get('backend')}): results produced "
+        f"{counts['produced']}, consumed {counts['consumed']}, released unconsumed "
+        f"{counts['released_unconsumed']}; peak memory {format_bytes(summary.get('peak_memory'))}"
+    )
 
 
 def persistence_refusal_markdown(task_name: str, reasons: list[str]) -> str:
