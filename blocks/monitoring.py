@@ -170,6 +170,12 @@ class SessionMonitor:
 
     def ended(self, summary: dict[str, Any]) -> None:
         """The session closed: write the keyed summary artifact, emit ``engine.stopped``."""
+        try:
+            self._ended(summary)
+        except Exception as exc:  # monitoring never fails the session's teardown
+            logger.warning("Could not report the end of engine session %s: %s", self.session.id, exc)
+
+    def _ended(self, summary: dict[str, Any]) -> None:
         dashboard = dashboard_link(self.session._running)
         summary = {**summary, "peak_memory_per_rank": dict(self.peak_memory_per_rank)}
         if self.flow_run_id is not None:
