@@ -12,7 +12,7 @@ GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noh
 
 STAMP := $(VENV)/.installed$(GPU_EXTRA)
 
-.PHONY: run test bench install clean
+.PHONY: run test bench install clean deploy worker
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,18 @@ install: $(STAMP)
 
 run: install
 	$(BIN)/python -m prefect_cudf_polars.flows.flight_delays $(ARGS)
+
+# Deploy the flows of prefect.yaml to the Prefect API that PREFECT_API_URL names (see the
+# README's "Deploy"): registers the block type, saves the engine block, creates the
+# process work pool gpu-pool (concurrency limit 1) and runs `prefect --no-prompt deploy --all`.
+ENGINE_BLOCK ?= gpu
+ENGINE_BACKEND ?= spmd
+deploy: install
+	$(BIN)/prefect-cudf-polars deploy --engine-block $(ENGINE_BLOCK) --backend $(ENGINE_BACKEND)
+
+# On the GPU machine: run the pool's flow runs (one at a time).
+worker: install
+	$(BIN)/prefect worker start --pool gpu-pool
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -44,6 +44,7 @@ import polars as pl
 from prefect_cudf_polars.blocks import gpu_probe
 from prefect_cudf_polars.blocks.backend import RunningEngine
 from prefect_cudf_polars.blocks.engine_errors import translate_engine_error
+from prefect_cudf_polars.blocks.monitoring import SessionMonitor
 from prefect_cudf_polars.tasks.errors import NoGPUError, SessionError
 from prefect_cudf_polars.tasks.result import GPUResult
 
@@ -154,6 +155,8 @@ class EngineSession:
         self.memory: dict[str, int | None] = {}
         self.peak_memory: int | None = None
         self.fallback_warning: str | None = None
+        # Events and artifacts for the Prefect UI (blocks/monitoring.py).
+        self.monitor = SessionMonitor(self)
 
     # ---- lifecycle -------------------------------------------------------
     def __enter__(self) -> EngineSession:
@@ -270,6 +273,7 @@ class EngineSession:
             self.timings.get("engine_start_s", 0.0),
             self.timings.get("engine_shutdown_s", 0.0),
         )
+        self.monitor.ended(summary)
         return summary
 
     def _stop_engine(self) -> None:
@@ -418,6 +422,7 @@ class EngineSession:
             self._live[result.id] = result
             self.counts["produced"] += 1
         self._note_memory()
+        self.monitor.result_created(result, lf)
         return result
 
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
@@ -455,14 +460,18 @@ class EngineSession:
     # ---- the registry (called by GPUResult) ------------------------------------
     def _claimed(self, result: GPUResult) -> None:
         with self._lock:
-            if self._live.pop(result.id, None) is not None:
-                self.counts["consumed"] += 1
+            if self._live.pop(result.id, None) is None:
+                return
+            self.counts["consumed"] += 1
+        self.monitor.result_consumed(result)
 
     def _released(self, result: GPUResult, *, unconsumed: bool) -> None:
         with self._lock:
             self._live.pop(result.id, None)
             if unconsumed:
                 self.counts["released_unconsumed"] += 1
+        if unconsumed:
+            self.monitor.result_released(result)
 
     # ---- logs ----------------------------------------------------------------
     def announce(self) -> None:
@@ -479,6 +488,7 @@ class EngineSession:
             return
         self._announced = True
         self._flow_run = (ctx.flow_run, ctx.flow)
+        self.monitor.started(ctx.flow_run, ctx.flow)
         d = self.description
         versions = ", ".join(f"{k} {v}" for k, v in d.get("versions", {}).items())
         gpus = d.get("gpus") or []

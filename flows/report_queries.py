@@ -122,6 +122,23 @@ def worst_routes(
     )
 
 
+def carrier_month_delays(flights: pl.LazyFrame) -> pl.LazyFrame:
+    """
+    For the chart: mean arrival delay per carrier and month, over flights that flew.
+
+    Returns
+    -------
+    LazyFrame with one row per (carrier, month): flights and mean_arr_delay
+    (minutes), sorted by carrier and month.
+    """
+    return (
+        flights.filter(pl.col("arr_delay").is_not_null())
+        .group_by("carrier", "month")
+        .agg(pl.len().alias("flights"), pl.col("arr_delay").mean().alias("mean_arr_delay"))
+        .sort("carrier", "month")
+    )
+
+
 def flight_delay_report_cpu(paths: dict[str, str], *, top: int = 20) -> pl.DataFrame:
     """
     The whole report with plain polars on the CPU (the reference the tests compare with).

@@ -9,6 +9,7 @@ from prefect import task
 
 from prefect_cudf_polars.tasks.query_inputs import as_query, drop_claimed, iter_gpu_results
 from prefect_cudf_polars.tasks.result import GPUResult
+from prefect_cudf_polars.tasks.run_names import collect_run_name, execute_run_name
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
     warn_if_persistence_requested,
@@ -21,7 +22,7 @@ def _session() -> Any:
     return get_engine_session()
 
 
-@task(name="cudf-polars-execute", **gpu_task_defaults())
+@task(name="cudf-polars-execute", task_run_name=execute_run_name, **gpu_task_defaults())
 def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResult:
     """
     Run a query on the flow run's engine and keep the result on the GPU.
@@ -58,7 +59,11 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
         drop_claimed(inputs)
 
 
-@task(name="cudf-polars-collect", **gpu_task_defaults(returns_gpu_result=False))
+@task(
+    name="cudf-polars-collect",
+    task_run_name=collect_run_name,
+    **gpu_task_defaults(returns_gpu_result=False),
+)
 def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
     """
     Run a query on the flow run's engine and return the result on the host.

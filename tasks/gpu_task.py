@@ -10,6 +10,7 @@ import polars as pl
 from prefect import Task, task
 
 from prefect_cudf_polars.tasks.query_inputs import drop_claimed, iter_gpu_results
+from prefect_cudf_polars.tasks.run_names import fixed_run_name
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
     persistence_requests,
@@ -50,7 +51,8 @@ def gpu_task(
         Return a host ``polars.DataFrame`` instead of a GPUResult.
     **task_options
         Prefect task options (``name``, ``retries``, ``retry_delay_seconds``,
-        ``tags``, ``task_run_name``, ``timeout_seconds``, ...). Defaults: no
+        ``tags``, ``task_run_name``, ``timeout_seconds``, ...). Defaults: task runs
+        named after the query (the task name), no
         persistence, no input caching (see
         :mod:`~prefect_cudf_polars.tasks.task_defaults`); asking for persistence
         logs a warning on each task run and persists nothing.
@@ -105,7 +107,12 @@ def gpu_task(
             finally:
                 drop_claimed(inputs)
 
-        options = {**gpu_task_defaults(returns_gpu_result=not collect), **task_options}
+        options = {
+            **gpu_task_defaults(returns_gpu_result=not collect),
+            # Task runs are named after the query (the task's name) unless overridden.
+            "task_run_name": fixed_run_name(name),
+            **task_options,
+        }
         if requested and not collect:
             # A GPU result is never persisted: keep Prefect from pickling it (or its
             # inputs, for a cache key) and warn on each task run instead.

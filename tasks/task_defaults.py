@@ -100,3 +100,10 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
         ctx.task.name,
         ", ".join(reasons),
     )
+    # Visible on the task run in the UI too, not only as a log line.
+    from prefect_cudf_polars.tasks.artifacts import create_run_artifact, persistence_refusal_markdown
+
+    create_run_artifact(
+        persistence_refusal_markdown(ctx.task.name, reasons),
+        description=f"Result persistence refused for task {ctx.task.name!r}: nothing was persisted",
+    )

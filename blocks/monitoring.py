@@ -1,0 +1,203 @@
+"""
+What an engine session shows in the Prefect UI: its events and artifacts.
+
+Developer notes
+---------------
+:class:`SessionMonitor` is the session's one link to Prefect's UI. The session
+calls it from small hooks (start, each result created / consumed / released,
+close); the monitor turns them into the events of
+:mod:`prefect_cudf_polars.tasks.events` and the artifacts of
+:mod:`prefect_cudf_polars.tasks.artifacts`.
+
+* The flow run is recorded on the session's first use inside it
+  (``EngineSession.announce``); a task runner opens its session before the flow
+  run's context exists and closes it after that context is gone, so the summary
+  artifact and the ``engine.stopped`` event name the flow run by id.
+* A result's producing task run is recorded when it is created, so its
+  ``released`` event can name that task run even at session end.
+* Nothing here raises into the session: monitoring failures are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from prefect_cudf_polars.tasks import artifacts, events
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from prefect_cudf_polars.blocks.session import EngineSession
+    from prefect_cudf_polars.tasks.result import GPUResult
+
+logger = logging.getLogger("prefect_cudf_polars.monitoring")
+
+
+def current_task_run_id() -> Any:
+    """The id of the task run this code runs in, or ``None``."""
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    return ctx.task_run.id if ctx is not None and ctx.task_run is not None else None
+
+
+def dashboard_link(running: Any) -> str | None:
+    """The Dask dashboard link of a ``dask`` backend's cluster, else ``None``."""
+    engine = getattr(running, "engine", None)
+    context = getattr(engine, "_dask_context", None)
+    client = getattr(context, "client", None)
+    try:
+        return str(client.dashboard_link) if client is not None else None
+    except Exception:
+        return None
+
+
+class SessionMonitor:
+    """
+    Events and artifacts of one :class:`~prefect_cudf_polars.blocks.EngineSession`.
+
+    Parameters
+    ----------
+    session
+        The session it reports on.
+
+    Attributes
+    ----------
+    flow_run_id : uuid.UUID or None
+        The flow run the session serves (set on first use inside it).
+    flow_name : str or None
+        That flow's name (for the summary artifact's key).
+    peak_memory_per_rank : dict of int to int
+        Highest bytes rmm had allocated on each rank after an engine call
+        (GPU backends that read memory per rank).
+    """
+
+    def __init__(self, session: EngineSession) -> None:
+        self.session = session
+        self.flow_run_id: Any = None
+        self.flow_name: str | None = None
+        self.peak_memory_per_rank: dict[int, int] = {}
+        self._producers: dict[str, Any] = {}
+        self._started_sent = False
+
+    # ---- session hooks ---------------------------------------------------------
+    def started(self, flow_run: Any, flow: Any) -> None:
+        """The session's first use inside ``flow_run``: emit ``engine.started``."""
+        self.flow_run_id = flow_run.id
+        self.flow_name = getattr(flow, "name", None) or flow_run.name
+        if self._started_sent:
+            return
+        self._started_sent = True
+        s = self.session
+        events.emit(
+            events.ENGINE_STARTED,
+            events.session_resource(s.id, s.backend),
+            related=events.run_resources(self.flow_run_id, current_task_run_id()),
+            payload={
+                "backend": s.backend,
+                "gpus": s.description.get("gpus", []),
+                "ranks": s.description.get("ranks", 1),
+                "versions": s.description.get("versions", {}),
+                "engine_start_s": s.timings.get("engine_start_s"),
+                "fallback_warning": s.fallback_warning,
+            },
+        )
+
+    def result_created(self, result: GPUResult, lf: pl.LazyFrame) -> None:
+        """A result was produced: record memory, write its artifact, emit ``result.created``."""
+        try:
+            self._result_created(result, lf)
+        except Exception as exc:  # monitoring never fails a query
+            logger.warning("Could not report GPU result %r: %s", result.name, exc)
+
+    def _result_created(self, result: GPUResult, lf: pl.LazyFrame) -> None:
+        s = self.session
+        task_run_id = current_task_run_id()
+        self._producers[result.id] = task_run_id
+        memory_after = s.memory_in_use()
+        self._note_rank_memory()
+        artifacts.create_run_artifact(
+            artifacts.result_markdown(
+                result,
+                plan=artifacts.query_plan(lf),
+                memory_after=memory_after,
+                gpus=list(s.description.get("gpus", [])),
+            ),
+            description=f"cudf-polars result {result.name!r}: plan, schema, where it lives",
+        )
+        events.emit(
+            events.RESULT_CREATED,
+            events.result_resource(result),
+            related=events.run_resources(self.flow_run_id, task_run_id),
+            payload={
+                "name": result.name,
+                "backend": result.backend,
+                "ranks": list(result.ranks),
+                "partitions": result.partitions,
+                "columns": len(result.schema),
+                "engine_seconds": result.engine_seconds,
+                "memory_in_use_bytes": memory_after,
+            },
+        )
+
+    def result_consumed(self, result: GPUResult) -> None:
+        """A result was claimed by its reader: emit ``result.consumed``."""
+        related = events.run_resources(self.flow_run_id, current_task_run_id())
+        producer = self._producers.get(result.id)
+        if producer is not None:
+            related += events.run_resources(task_run_id=producer, task_run_role="producer")
+        events.emit(
+            events.RESULT_CONSUMED,
+            events.result_resource(result),
+            related=related,
+            payload={"name": result.name, "consumed_by": result.consumed_by},
+        )
+
+    def result_released(self, result: GPUResult) -> None:
+        """A result was released before anyone read it: emit ``result.released``."""
+        producer = self._producers.get(result.id)
+        events.emit(
+            events.RESULT_RELEASED,
+            events.result_resource(result),
+            related=events.run_resources(self.flow_run_id, producer),
+            payload={
+                "name": result.name,
+                "unconsumed": True,
+                "at_session_end": self.session.closed,
+            },
+        )
+
+    def ended(self, summary: dict[str, Any]) -> None:
+        """The session closed: write the keyed summary artifact, emit ``engine.stopped``."""
+        try:
+            self._ended(summary)
+        except Exception as exc:  # monitoring never fails the session's teardown
+            logger.warning("Could not report the end of engine session %s: %s", self.session.id, exc)
+
+    def _ended(self, summary: dict[str, Any]) -> None:
+        dashboard = dashboard_link(self.session._running)
+        summary = {**summary, "peak_memory_per_rank": dict(self.peak_memory_per_rank)}
+        if self.flow_run_id is not None:
+            artifacts.create_flow_run_artifact(
+                self.flow_run_id,
+                artifacts.summary_markdown(summary, dashboard=dashboard),
+                key=artifacts.summary_key(self.flow_name or "flow"),
+                description=artifacts.summary_description(summary),
+            )
+        events.emit(
+            events.ENGINE_STOPPED,
+            events.session_resource(self.session.id, self.session.backend),
+            related=events.run_resources(self.flow_run_id),
+            payload={**summary, "dashboard": dashboard},
+        )
+
+    # ---- memory per rank -----------------------------------------------------------
+    def _note_rank_memory(self) -> None:
+        running = self.session._running
+        per_rank = getattr(running, "memory_per_rank", None)
+        if per_rank is None:
+            return
+        for rank, value in enumerate(self.session.run(per_rank)):
+            if value is not None and value > self.peak_memory_per_rank.get(rank, -1):
+                self.peak_memory_per_rank[rank] = value

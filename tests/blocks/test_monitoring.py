@@ -1,0 +1,111 @@
+"""
+What an engine session shows in the UI: its keyed summary artifact and its Prefect events,
+read back through Prefect's client API (cpu backend, real local API).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from prefect import flow
+
+from api_reads import artifacts_of, events_of, related_ids, task_runs_of
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
+from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
+from prefect_cudf_polars.tasks.artifacts import summary_key
+from prefect_cudf_polars.tasks import events as ev
+
+
+@gpu_task(name="customer-totals")
+def customer_totals(orders_result: GPUResult) -> pl.LazyFrame:
+    return orders_result.lazy().group_by("customer").agg(pl.col("amount").sum())
+
+
+def _three_results(orders):
+    """Produce 3 results: 2 consumed (by customer-totals and collect), 1 left live."""
+    totals = customer_totals(execute(pl.scan_parquet(orders), name="orders"))
+    execute(pl.scan_parquet(orders).head(10), name="left-over")
+    return collect(totals)
+
+
+@pytest.mark.parametrize("opened_by", ["task-runner", "with-block"])
+def test_session_summary_is_a_keyed_artifact_of_the_flow_run(orders, opened_by):
+    if opened_by == "task-runner":
+        # The runner closes the session after the flow run's context is gone.
+        @flow(name=f"summary-{opened_by}", task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+        def pipeline():
+            return _three_results(orders)
+    else:
+        @flow(name=f"summary-{opened_by}")
+        def pipeline():
+            with CudfPolarsEngine(backend="cpu").session():
+                return _three_results(orders)
+
+    state = pipeline(return_state=True)
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    key = summary_key(f"summary-{opened_by}")
+    assert key == f"summary-{opened_by}-cudf-polars-session"
+    [artifact] = artifacts_of(flow_run_id=flow_run_id, key=key)
+    text = artifact.data
+    assert artifact.type == "markdown" and artifact.task_run_id is None
+    assert "| backend | cpu |" in text
+    assert "| results produced | 3 |" in text
+    assert "| results consumed | 2 |" in text
+    assert "| results released unconsumed | 1 |" in text
+    assert "| GPUs | none (cpu backend) |" in text
+    assert "| Dask dashboard | none (no Dask cluster) |" in text
+    for row in ("peak memory", "engine start", "engine shutdown", "memory before shutdown"):
+        assert f"| {row} |" in text
+    # A second flow run adds a version under the same key.
+    assert pipeline(return_state=True).is_completed()
+    assert len(artifacts_of(key=key)) == 2
+
+
+def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    def pipeline():
+        return _three_results(orders)
+
+    state = pipeline(return_state=True)
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    expect = {ev.ENGINE_STARTED: 1, ev.ENGINE_STOPPED: 1, ev.RESULT_CREATED: 3,
+              ev.RESULT_CONSUMED: 2, ev.RESULT_RELEASED: 1}
+    found = events_of(flow_run_id, expect=expect)
+    by_name = {}
+    for event in found:
+        by_name.setdefault(event.event, []).append(event)
+    assert {name: len(by_name.get(name, [])) for name in expect} == expect
+
+    runs = task_runs_of(flow_run_id)
+    flow_ref = [f"prefect.flow-run.{flow_run_id}"]
+    task_ref = lambda name: [f"prefect.task-run.{runs[name].id}"]  # noqa: E731
+    for event in found:
+        assert related_ids(event, "flow-run") == flow_ref, event
+
+    created = {e.payload["name"]: e for e in by_name[ev.RESULT_CREATED]}
+    assert set(created) == {"orders", "customer-totals", "left-over"}
+    for name, event in created.items():
+        assert related_ids(event, "task-run") == task_ref(name)
+        assert event.resource.id.startswith("prefect-cudf-polars.result.")
+        assert event.payload["backend"] == "cpu" and event.payload["partitions"] == 1
+        assert event.payload["memory_in_use_bytes"] > 0
+    consumed = {e.payload["name"]: e for e in by_name[ev.RESULT_CONSUMED]}
+    assert related_ids(consumed["orders"], "task-run") == task_ref("customer-totals")
+    assert related_ids(consumed["orders"], "producer") == task_ref("orders")
+    assert related_ids(consumed["customer-totals"], "task-run") == task_ref("collect-customer-totals")
+
+    # The result nobody read is released at session end: the event to alert on.
+    [released] = by_name[ev.RESULT_RELEASED]
+    assert released.payload == {"name": "left-over", "unconsumed": True, "at_session_end": True}
+    assert released.resource.id == created["left-over"].resource.id
+    assert related_ids(released, "task-run") == task_ref("left-over")
+
+    [started] = by_name[ev.ENGINE_STARTED]
+    [stopped] = by_name[ev.ENGINE_STOPPED]
+    assert started.resource.id == stopped.resource.id
+    assert started.resource.id.startswith("prefect-cudf-polars.engine-session.")
+    assert started.payload["backend"] == "cpu" and started.payload["gpus"] == []
+    assert stopped.payload["counts"] == {"produced": 3, "consumed": 2, "released_unconsumed": 1}
+    assert stopped.payload["timings"]["engine_shutdown_s"] >= 0
