@@ -14,4 +14,4 @@ __version__ = "0.1.0"
 
 # Importing the rooms registers the block type and the serializer type with
 # Prefect when it loads this collection (entry point `prefect.collections`).
-from prefect_cudf_polars import blocks, flows, tasks  # noqa: E402,F401
+from prefect_cudf_polars import blocks, tasks  # noqa: E402,F401
