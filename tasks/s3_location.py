@@ -83,9 +83,21 @@ def parse_s3_url(url: str) -> S3Location:
     return S3Location(url=url, bucket=bucket, key=key)
 
 
-def check_bucket(client: object, location: S3Location, access: S3Access, *, doing: str) -> None:
+def check_bucket(
+    client: object, location: S3Location, access: S3Access, *, doing: str, prefix: str = ""
+) -> dict:
     """
-    Ask the server for the bucket (``HeadBucket``).
+    Ask the server for the bucket by listing at most one key under ``prefix``.
+
+    ``ListObjectsV2`` is used rather than ``HeadBucket``: a HEAD answer has no
+    body, so its 403 cannot tell refused keys from missing permission, while a
+    listing's error code can (``InvalidAccessKeyId``, ``SignatureDoesNotMatch``,
+    ``AccessDenied``, ``NoSuchBucket``).
+
+    Returns
+    -------
+    dict
+        The listing (``KeyCount`` tells whether anything is under ``prefix``).
 
     Raises
     ------
@@ -93,7 +105,9 @@ def check_bucket(client: object, location: S3Location, access: S3Access, *, doin
         ``reason`` ``"no-bucket"``, ``"credentials"``, ``"denied"`` or ``"failed"``.
     """
     try:
-        client.head_bucket(Bucket=location.bucket)  # type: ignore[attr-defined]
+        return client.list_objects_v2(  # type: ignore[attr-defined]
+            Bucket=location.bucket, Prefix=prefix, MaxKeys=1
+        )
     except Exception as exc:
         raise explain_client_error(
             exc,
@@ -122,16 +136,10 @@ def check_readable(location: S3Location, access: S3Access) -> None:
         Missing bucket, refused credentials, no permission, or no object under
         the URL (``reason="not-found"``).
     """
-    client = access.client()
-    check_bucket(client, location, access, doing="read parquet from")
-    try:
-        listing = client.list_objects_v2(
-            Bucket=location.bucket, Prefix=location.listing_prefix, MaxKeys=1
-        )
-    except Exception as exc:
-        raise explain_client_error(
-            exc, url=location.url, bucket=location.bucket, access=access, doing="read parquet from"
-        ) from None
+    listing = check_bucket(
+        access.client(), location, access, doing="read parquet from",
+        prefix=location.listing_prefix,
+    )
     if not listing.get("KeyCount"):
         raise S3AccessError(
             f"Could not read parquet from {location.url}: no object in bucket "

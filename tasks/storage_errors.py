@@ -9,6 +9,7 @@ it can be logged, shown in the UI and pickled into result storage.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.s3_credentials import scrub
@@ -56,12 +57,24 @@ def _rebuild(message: str, url: str, reason: str) -> S3AccessError:
     return S3AccessError(message, url=url, reason=reason)
 
 
+_QUOTED_CODE = re.compile(r"An error occurred \((\w+)\)")
+
+
 def _code_of(exc: BaseException) -> tuple[str, str]:
-    response = getattr(exc, "response", None) or {}
-    error = response.get("Error", {})
-    code = str(error.get("Code", ""))
-    status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-    return code, status
+    """The S3 error code and HTTP status of a botocore error (or one wrapping it)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if response:
+            error = response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            return code, status
+        seen = seen.__cause__ or seen.__context__
+    # boto3's S3UploadFailedError quotes the answer in its message only.
+    match = _QUOTED_CODE.search(str(exc))
+    code = match.group(1) if match else ""
+    return (code, code) if code.isdigit() else (code, "")
 
 
 def explain(
@@ -93,8 +106,8 @@ def explain(
     detail
         The original message (scrubbed here).
     bucket_request
-        The answer was to a request about the bucket itself (``HeadBucket``),
-        whose "404" means the bucket does not exist.
+        The answer was to a request on the bucket itself (a listing), whose
+        "404" means the bucket does not exist.
     """
     where = access.describe()
     detail = scrub(detail, access)
