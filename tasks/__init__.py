@@ -16,8 +16,9 @@ HostPersistenceError, ResultConsumedError, ResultReleasedError, WrongEngineError
 read_parquet, sink_parquet, ParquetSinkSummary
     Tasks: read parquet (local or ``s3://``) into a result; write a result to a
     folder or ``s3://`` prefix from the engine.
-PolarsDataFrameSerializer
-    The Prefect serializer (type ``"polars-dataframe"``) for host DataFrames.
+PolarsDataFrameSerializer, persisted_collect
+    The Prefect serializer (type ``"polars-dataframe"``) for host DataFrames, and
+    ``collect`` with its DataFrame persisted to result storage (S3 included).
 S3AccessError
     Object storage refused or could not find what a task asked for.
 """
@@ -34,6 +35,7 @@ from prefect_cudf_polars.tasks.gpu_task import gpu_task
 from prefect_cudf_polars.tasks.result import GPUResult
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
 from prefect_cudf_polars.tasks.dataframe_serializer import PolarsDataFrameSerializer
+from prefect_cudf_polars.tasks.persisted_collect import persisted_collect
 from prefect_cudf_polars.tasks.s3_read import read_parquet
 from prefect_cudf_polars.tasks.sink import ParquetSinkSummary, sink_parquet
 from prefect_cudf_polars.tasks.storage_errors import S3AccessError
@@ -52,6 +54,7 @@ __all__ = [
     "collect",
     "execute",
     "gpu_task",
+    "persisted_collect",
     "read_parquet",
     "sink_parquet",
 ]
