@@ -20,6 +20,7 @@ from prefect_cudf_polars.tasks import (
     execute,
     persisted_collect,
 )
+from s3_fixtures import moto_s3, bucket, trips_df  # noqa: F401 (fixtures)
 
 
 def varied() -> pl.DataFrame:

@@ -12,6 +12,7 @@ from prefect_cudf_polars.blocks.s3_credentials import resolve_s3_access
 from prefect_cudf_polars.tasks import GPUResult, S3AccessError, collect, read_parquet
 from prefect_cudf_polars.tasks.s3_read import scan_parquet
 from prefect_cudf_polars.tasks.storage_errors import explain_engine_error
+from s3_fixtures import moto_s3, bucket, trips_df, upload  # noqa: F401 (fixtures)
 
 
 def read_in_flow(cpu_block, source, credentials, **kwargs) -> pl.DataFrame:

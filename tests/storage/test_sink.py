@@ -20,6 +20,7 @@ from prefect_cudf_polars.tasks import (
     execute,
     sink_parquet,
 )
+from s3_fixtures import moto_s3, bucket, trips_df, upload  # noqa: F401 (fixtures)
 
 
 def sink_in_flow(cpu_block, df: pl.DataFrame, target: str, **kwargs):

@@ -1,6 +1,10 @@
 """
 A real S3 server for the storage tests: moto's ``ThreadedMotoServer`` on 127.0.0.1.
 
+Test modules import the fixtures (``from s3_fixtures import moto_s3, bucket, ...``):
+a ``conftest.py`` here would shadow ``tests/conftest.py``'s ``from conftest import``.
+Each module gets its own server (module scope).
+
 The server enforces credentials (moto's IAM authentication): after it starts,
 an IAM user with full S3 access and one that may only list and read are made
 with moto's first unauthenticated calls, and from then on every request must
@@ -76,7 +80,7 @@ def _user(iam, name: str, policy: dict) -> tuple[str, str]:
     return key["AccessKeyId"], key["SecretAccessKey"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def moto_s3():
     """moto's S3 server on 127.0.0.1 (a free port), enforcing credentials."""
     import boto3
@@ -95,8 +99,10 @@ def moto_s3():
         aws_secret_access_key="bootstrap",
         region_name="us-east-1",
     )
-    key_id, secret = _user(iam, "etl", FULL_POLICY)
-    reader_id, reader_secret = _user(iam, "reader", READ_ONLY_POLICY)
+    # moto's backends are process-wide: names must be new for each server.
+    suffix = uuid.uuid4().hex[:8]
+    key_id, secret = _user(iam, f"etl-{suffix}", FULL_POLICY)
+    reader_id, reader_secret = _user(iam, f"reader-{suffix}", READ_ONLY_POLICY)
     try:
         yield MotoS3(endpoint, key_id, secret, reader_id, reader_secret)
     finally:
