@@ -120,3 +120,21 @@ def test_gpu_scans_carry_no_secret(moto_s3):
     assert moto_s3.secret_access_key not in plan and moto_s3.access_key_id not in plan
     cpu_plan = scan_parquet("s3://b/t.parquet", access, backend="cpu", schema={"a": pl.Int64})
     assert moto_s3.secret_access_key in cpu_plan.serialize(format="json")
+
+
+def test_gpu_style_scan_reads_with_the_environment_only(moto_s3, bucket, upload, trips_df):
+    """The client-side half of a GPU read: polars resolves the scan with keys from AWS_* only.
+
+    On GPU backends polars (in this process) reads the parquet footers to plan the
+    query before cudf-polars runs it; the scan carries endpoint and region, the keys
+    come from the environment set around the engine call. moto enforces signatures
+    here, so this read succeeds only if the environment's keys were used.
+    """
+    from prefect_cudf_polars.blocks.aws_environment import aws_environment
+
+    upload(bucket, "t.parquet", trips_df)
+    access = resolve_s3_access(moto_s3.credentials())
+    lf = scan_parquet(f"s3://{bucket}/t.parquet", access, backend="spmd")
+    with aws_environment(access.environment()):
+        got = lf.collect()
+    assert_frame_equal(got, trips_df)
