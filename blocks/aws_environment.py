@@ -132,9 +132,8 @@ def run_with_aws_environment(
         with aws_environment(env):
             ranks_set = False
             running = session._check_open()
+            # RunningEngine.engine is cudf-polars' engine; _run calls a function on each rank.
             if backend not in _IN_PROCESS_BACKENDS:
-                names = list(env)
-                previous_on_ranks = {n: None for n in names}
                 running.engine._run(_apply_on_rank, dict(env))
                 ranks_set = True
             try:
@@ -142,6 +141,6 @@ def run_with_aws_environment(
             finally:
                 if ranks_set:
                     # Unset on the ranks: the workers are this session's own processes.
-                    running.engine._run(_apply_on_rank, previous_on_ranks)
+                    running.engine._run(_apply_on_rank, {name: None for name in env})
 
     return session.run(call)
