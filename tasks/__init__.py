@@ -13,6 +13,14 @@ gpu_task
     Decorator: a function building a LazyFrame becomes a task returning a GPUResult.
 HostPersistenceError, ResultConsumedError, ResultReleasedError, WrongEngineError
     The errors of the result rules.
+read_parquet, sink_parquet, ParquetSinkSummary
+    Tasks: read parquet (local or ``s3://``) into a result; write a result to a
+    folder or ``s3://`` prefix from the engine.
+PolarsDataFrameSerializer, persisted_collect
+    The Prefect serializer (type ``"polars-dataframe"``) for host DataFrames, and
+    ``collect`` with its DataFrame persisted to result storage (S3 included).
+S3AccessError
+    Object storage refused or could not find what a task asked for.
 """
 
 from prefect_cudf_polars.tasks.engine_tasks import collect, execute
@@ -26,16 +34,27 @@ from prefect_cudf_polars.tasks.errors import (
 from prefect_cudf_polars.tasks.gpu_task import gpu_task
 from prefect_cudf_polars.tasks.result import GPUResult
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
+from prefect_cudf_polars.tasks.dataframe_serializer import PolarsDataFrameSerializer
+from prefect_cudf_polars.tasks.persisted_collect import persisted_collect
+from prefect_cudf_polars.tasks.s3_read import read_parquet
+from prefect_cudf_polars.tasks.sink import ParquetSinkSummary, sink_parquet
+from prefect_cudf_polars.tasks.storage_errors import S3AccessError
 
 __all__ = [
     "GPUResult",
     "GPUResultError",
     "GPUResultSerializer",
     "HostPersistenceError",
+    "ParquetSinkSummary",
+    "PolarsDataFrameSerializer",
     "ResultConsumedError",
     "ResultReleasedError",
+    "S3AccessError",
     "WrongEngineError",
     "collect",
     "execute",
     "gpu_task",
+    "persisted_collect",
+    "read_parquet",
+    "sink_parquet",
 ]

@@ -1,0 +1,274 @@
+"""
+S3 access resolved from a Prefect credentials block, in the forms each reader needs.
+
+Credentials come from prefect-aws' ``AwsCredentials`` block (saved, loaded and
+edited in the Prefect UI; install with ``pip install prefect-cudf-polars[s3]``).
+:func:`resolve_s3_access` turns one into an :class:`S3Access`, which hands the
+same credentials to the three readers and writers this package drives:
+
+* polars' own reader (the ``cpu`` backend): ``storage_options``
+  (:meth:`S3Access.storage_options`; polars' object-store keys);
+* cudf-polars on the GPU backends: ``AWS_*`` environment variables
+  (:meth:`S3Access.environment`). cudf-polars reads ``s3://`` through libcudf
+  and KvikIO, which take the keys, region and endpoint from the environment
+  (KvikIO's ``S3Endpoint``: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+  ``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, and ``AWS_SESSION_TOKEN`` for
+  temporary ``ASIA...`` keys), not from the scan's ``storage_options``;
+* boto3 (checks before a query, uploads of the parquet sink):
+  :meth:`S3Access.client`.
+
+Secrets stay wrapped in :class:`pydantic.SecretStr` here; ``repr`` and ``str``
+of an :class:`S3Access` never show them, and :meth:`S3Access.secrets` lists
+them so error messages can be scrubbed (:func:`scrub`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
+
+if TYPE_CHECKING:
+    from prefect_aws import AwsCredentials
+
+#: Region used when neither the block nor the AWS configuration names one. S3-compatible
+#: servers (MinIO, moto) accept any region; KvikIO requires one to sign requests.
+DEFAULT_REGION = "us-east-1"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class S3Access:
+    """
+    Keys, region and endpoint for S3, as plain configuration.
+
+    Build it with :func:`resolve_s3_access` from an ``AwsCredentials`` block.
+
+    Attributes
+    ----------
+    access_key_id, secret_access_key : pydantic.SecretStr or None
+        The key pair; ``None`` for anonymous access (public buckets).
+    session_token : pydantic.SecretStr or None
+        For temporary (STS) credentials.
+    region : str
+        AWS region (``"us-east-1"`` when none is configured).
+    endpoint_url : str or None
+        An S3-compatible endpoint (MinIO, moto: ``"http://127.0.0.1:9000"``),
+        without a trailing slash; ``None`` for AWS itself.
+    verify : bool
+        Verify TLS certificates (boto3 ``verify``).
+    """
+
+    access_key_id: SecretStr | None
+    secret_access_key: SecretStr | None
+    session_token: SecretStr | None
+    region: str
+    endpoint_url: str | None
+    verify: bool = True
+
+    @property
+    def anonymous(self) -> bool:
+        """Whether no key pair is configured."""
+        return self.access_key_id is None or self.secret_access_key is None
+
+    def storage_options(self) -> dict[str, str]:
+        """
+        polars ``storage_options`` for ``scan_parquet``/``sink_parquet`` (polars' own reader).
+
+        Returns
+        -------
+        dict of str to str
+            polars' object-store keys: ``aws_access_key_id``,
+            ``aws_secret_access_key``, ``aws_session_token``, ``aws_region`` and
+            ``aws_endpoint_url`` (polars allows an ``http://`` endpoint as given),
+            or ``aws_skip_signature`` when anonymous.
+        """
+        options = {"aws_region": self.region}
+        if self.endpoint_url:
+            options["aws_endpoint_url"] = self.endpoint_url
+        if self.anonymous:
+            options["aws_skip_signature"] = "true"
+            return options
+        assert self.access_key_id is not None and self.secret_access_key is not None
+        options["aws_access_key_id"] = self.access_key_id.get_secret_value()
+        options["aws_secret_access_key"] = self.secret_access_key.get_secret_value()
+        if self.session_token is not None:
+            options["aws_session_token"] = self.session_token.get_secret_value()
+        return options
+
+    def environment(self) -> dict[str, str | None]:
+        """
+        ``AWS_*`` environment variables for KvikIO (cudf-polars' cloud reader).
+
+        Returns
+        -------
+        dict of str to (str or None)
+            Every variable KvikIO's ``S3Endpoint`` reads; ``None`` means "unset it
+            for the call" (so a stale ``AWS_ENDPOINT_URL`` or session token of the
+            process is not picked up).
+        """
+        env: dict[str, str | None] = {
+            "AWS_DEFAULT_REGION": self.region,
+            "AWS_REGION": self.region,
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": None,
+            "AWS_SECRET_ACCESS_KEY": None,
+            "AWS_SESSION_TOKEN": None,
+        }
+        if not self.anonymous:
+            assert self.access_key_id is not None and self.secret_access_key is not None
+            env["AWS_ACCESS_KEY_ID"] = self.access_key_id.get_secret_value()
+            env["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key.get_secret_value()
+            if self.session_token is not None:
+                env["AWS_SESSION_TOKEN"] = self.session_token.get_secret_value()
+        return env
+
+    def client(self) -> Any:
+        """
+        A boto3 S3 client with these credentials and endpoint.
+
+        Returns
+        -------
+        botocore.client.S3
+        """
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        config = Config(signature_version=UNSIGNED) if self.anonymous else None
+        return boto3.session.Session().client(
+            "s3",
+            aws_access_key_id=None if self.anonymous else _reveal(self.access_key_id),
+            aws_secret_access_key=None if self.anonymous else _reveal(self.secret_access_key),
+            aws_session_token=_reveal(self.session_token),
+            region_name=self.region,
+            endpoint_url=self.endpoint_url,
+            verify=self.verify,
+            config=config,
+        )
+
+    def secrets(self) -> list[str]:
+        """The secret strings (key id, secret key, session token) to keep out of messages."""
+        return [
+            s.get_secret_value()
+            for s in (self.access_key_id, self.secret_access_key, self.session_token)
+            if s is not None and s.get_secret_value()
+        ]
+
+    def describe(self) -> str:
+        """Where requests go, for messages: the endpoint (or AWS) and region; no secrets."""
+        where = self.endpoint_url or "AWS S3"
+        return f"{where} (region {self.region})"
+
+    def __repr__(self) -> str:
+        keys = "anonymous" if self.anonymous else "key pair set"
+        return f"S3Access({keys}, endpoint={self.endpoint_url!r}, region={self.region!r})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "S3Access holds secrets and is not pickled: pass the AwsCredentials block "
+            "(or its saved name) and resolve it where it is used."
+        )
+
+
+def _reveal(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
+def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
+    """
+    Resolve an ``AwsCredentials`` block into keys, region and endpoint.
+
+    Parameters
+    ----------
+    credentials : prefect_aws.AwsCredentials or None
+        The block. Explicit keys are used as they are; a block with a
+        ``profile_name``, an ``assume_role_arn`` or no keys at all goes through
+        boto3's credential chain (``get_boto3_session()``), so profiles, roles
+        and instance credentials work too. The endpoint is
+        ``aws_client_parameters.endpoint_url``. ``None`` means anonymous access
+        to AWS S3 (public buckets).
+
+    Returns
+    -------
+    S3Access
+
+    Raises
+    ------
+    TypeError
+        If ``credentials`` is not an ``AwsCredentials`` block.
+    ValueError
+        If the endpoint URL does not start with ``http://`` or ``https://``.
+    """
+    if credentials is None:
+        return S3Access(None, None, None, DEFAULT_REGION, None)
+    try:
+        from prefect_aws import AwsCredentials
+    except ImportError as exc:  # pragma: no cover - the s3 extra is missing
+        raise ImportError(
+            "Reading and writing S3 needs prefect-aws: pip install 'prefect-cudf-polars[s3]'."
+        ) from exc
+    if not isinstance(credentials, AwsCredentials):
+        raise TypeError(
+            f"credentials must be a prefect_aws.AwsCredentials block, not "
+            f"{type(credentials).__name__}; load one with AwsCredentials.load('name')."
+        )
+    params = credentials.aws_client_parameters
+    endpoint = params.endpoint_url.rstrip("/") if params.endpoint_url else None
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ValueError(
+            f"The AwsCredentials block's endpoint_url {endpoint!r} is not an http:// or "
+            "https:// URL; set aws_client_parameters.endpoint_url to the S3-compatible "
+            "server's URL, for example 'http://127.0.0.1:9000'."
+        )
+    verify = params.verify is not False
+    explicit = credentials.aws_access_key_id and credentials.aws_secret_access_key
+    if explicit and not credentials.assume_role_arn:
+        assert credentials.aws_secret_access_key is not None
+        return S3Access(
+            access_key_id=SecretStr(credentials.aws_access_key_id or ""),
+            secret_access_key=credentials.aws_secret_access_key,
+            session_token=(
+                SecretStr(credentials.aws_session_token)
+                if credentials.aws_session_token
+                else None
+            ),
+            region=credentials.region_name or DEFAULT_REGION,
+            endpoint_url=endpoint,
+            verify=verify,
+        )
+    session = credentials.get_boto3_session()
+    found = session.get_credentials()
+    frozen = found.get_frozen_credentials() if found is not None else None
+    return S3Access(
+        access_key_id=SecretStr(frozen.access_key) if frozen else None,
+        secret_access_key=SecretStr(frozen.secret_key) if frozen else None,
+        session_token=SecretStr(frozen.token) if frozen and frozen.token else None,
+        region=credentials.region_name or session.region_name or DEFAULT_REGION,
+        endpoint_url=endpoint,
+        verify=verify,
+    )
+
+
+def scrub(text: str, access: S3Access | None) -> str:
+    """
+    Replace every secret of ``access`` in ``text`` with ``"***"``.
+
+    Parameters
+    ----------
+    text
+        A message that may quote a request (an engine or object-store error).
+    access
+        The credentials whose secrets must not appear.
+
+    Returns
+    -------
+    str
+    """
+    if access is None:
+        return text
+    for secret in access.secrets():
+        text = text.replace(secret, "***")
+    return text

@@ -1,0 +1,195 @@
+"""
+Reading parquet from ``s3://`` (or local paths) on every backend: the ``read_parquet`` task.
+
+How the credentials reach each reader (see
+:mod:`prefect_cudf_polars.blocks.s3_credentials`):
+
+* ``cpu`` backend: polars' own reader, with the credentials as the scan's
+  ``storage_options``.
+* GPU backends (``spmd``, ``dask``, ``ray``): cudf-polars reads the objects
+  on the GPU through libcudf and KvikIO, which take credentials from ``AWS_*``
+  environment variables; they are set on the session's owner thread (and on
+  every rank) for the one engine call
+  (:func:`~prefect_cudf_polars.blocks.aws_environment.run_with_aws_environment`).
+  The scan carries only the endpoint and region as ``storage_options`` (for
+  polars' client-side schema lookup, whose object-store cache is keyed by
+  them), never a key: cudf-polars ignores the scan's cloud options, and keeps
+  them in its query plan, where a secret does not belong.
+
+With ``raise_on_fail=True`` on the engine block (its default), a read that
+cudf-polars cannot run on the GPU fails instead of falling back to the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from prefect import task
+
+from prefect_cudf_polars.blocks.s3_credentials import S3Access, resolve_s3_access
+from prefect_cudf_polars.tasks.result import GPUResult
+from prefect_cudf_polars.tasks.s3_location import check_readable, is_s3_url, parse_s3_url
+from prefect_cudf_polars.tasks.storage_errors import explain_engine_error
+from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
+
+if TYPE_CHECKING:
+    from prefect_aws import AwsCredentials
+
+    from prefect_cudf_polars.blocks.session import EngineSession
+
+
+def _sources(source: str | Sequence[str]) -> list[str]:
+    if isinstance(source, str):
+        return [source]
+    sources = [str(s) for s in source]
+    if not sources:
+        raise ValueError("read_parquet needs at least one path or s3:// URL.")
+    return sources
+
+
+def scan_parquet(
+    source: str | Sequence[str], access: S3Access | None, *, backend: str, **scan_options: Any
+) -> pl.LazyFrame:
+    """
+    ``polars.scan_parquet`` with the options the given backend's reader needs.
+
+    Parameters
+    ----------
+    source
+        Local paths or ``s3://`` URLs (objects, prefixes ending in ``/``, or glob
+        patterns such as ``s3://bucket/trips/*.parquet``).
+    access
+        From :func:`~prefect_cudf_polars.blocks.s3_credentials.resolve_s3_access`;
+        ``None`` for local paths.
+    backend
+        The session's backend: ``"cpu"`` gets the credentials as
+        ``storage_options``; GPU backends get only endpoint and region (run the
+        frame with :func:`~prefect_cudf_polars.blocks.aws_environment.run_with_aws_environment`).
+    **scan_options
+        More ``polars.scan_parquet`` options (``hive_partitioning``, ...).
+
+    Returns
+    -------
+    polars.LazyFrame
+    """
+    sources = _sources(source)
+    remote = any(is_s3_url(s) for s in sources)
+    if not remote or access is None:
+        return pl.scan_parquet(sources if len(sources) > 1 else sources[0], **scan_options)
+    if backend == "cpu":
+        storage_options = access.storage_options()
+    else:
+        storage_options = {"aws_region": access.region}
+        if access.endpoint_url:
+            storage_options["aws_endpoint_url"] = access.endpoint_url
+    return pl.scan_parquet(
+        sources if len(sources) > 1 else sources[0],
+        storage_options=storage_options,
+        **scan_options,
+    )
+
+
+def run_reading_s3(
+    session: EngineSession,
+    access: S3Access,
+    fn: Any,
+    *args: Any,
+    url: str,
+    **kwargs: Any,
+) -> Any:
+    """
+    Run an engine call (``session.execute``/``collect``) that reads ``s3://`` objects.
+
+    GPU backends get the credentials as ``AWS_*`` variables for the call; engine
+    errors that quote an S3 answer become :class:`S3AccessError` (secrets scrubbed).
+
+    Raises
+    ------
+    S3AccessError
+        When the engine's reader was refused or found nothing.
+    """
+    from prefect_cudf_polars.blocks.aws_environment import run_with_aws_environment
+
+    try:
+        if session.backend == "cpu":
+            return fn(*args, **kwargs)
+        return run_with_aws_environment(session, access.environment(), fn, *args, **kwargs)
+    except Exception as exc:
+        location = parse_s3_url(url)
+        translated = explain_engine_error(
+            exc, url=url, bucket=location.bucket, access=access, doing="read parquet from"
+        )
+        if translated is None:
+            raise
+        raise translated from None
+
+
+@task(name="cudf-polars-read-parquet", **gpu_task_defaults())
+def read_parquet(
+    source: str | list[str],
+    credentials: AwsCredentials | None = None,
+    columns: list[str] | None = None,
+    predicate: pl.Expr | None = None,
+    name: str | None = None,
+) -> GPUResult:
+    """
+    Read parquet from ``s3://`` URLs or local paths into a result on the engine.
+
+    On the GPU backends the read itself runs on the GPU (cudf-polars through
+    KvikIO); on ``cpu``, polars reads. Columns and the predicate are pushed into
+    the scan, so only what is needed is read.
+
+    Parameters
+    ----------
+    source : str or list of str
+        ``s3://bucket/key.parquet``, a prefix (``s3://bucket/trips/``), a glob
+        (``s3://bucket/trips/*.parquet``), local paths, or a list of them.
+    credentials : prefect_aws.AwsCredentials, optional
+        The block with keys, region and (for MinIO or moto) the endpoint in
+        ``aws_client_parameters.endpoint_url``. ``None``: anonymous access (public
+        buckets) for ``s3://`` URLs.
+    columns : list of str, optional
+        Columns to read (default: all).
+    predicate : polars.Expr, optional
+        Rows to keep, e.g. ``pl.col("distance") > 0``.
+    name : str, optional
+        Readable name of the result (default: ``"read_parquet"``).
+
+    Returns
+    -------
+    GPUResult
+        Live in the flow run's engine session.
+
+    Raises
+    ------
+    S3AccessError
+        Before the read: the bucket does not exist, the server refused the
+        credentials or denied access, or no object matches a URL (checked with
+        boto3). During the read: the engine's reader was refused.
+    NoEngineSessionError
+        If the flow run has no engine session.
+    ValueError
+        If ``source`` is an empty list.
+    """
+    from prefect_cudf_polars.blocks.active import get_engine_session
+
+    session = get_engine_session()
+    sources = _sources(source)
+    remote = [s for s in sources if is_s3_url(s)]
+    access = resolve_s3_access(credentials) if remote else None
+    for url in remote:
+        assert access is not None
+        check_readable(parse_s3_url(url), access)
+    lf = scan_parquet(sources, access, backend=session.backend or "cpu")
+    if columns is not None:
+        lf = lf.select(columns)
+    if predicate is not None:
+        lf = lf.filter(predicate)
+    if not remote:
+        return session.execute(lf, name=name or "read_parquet")
+    assert access is not None
+    return run_reading_s3(
+        session, access, session.execute, lf, url=remote[0], name=name or "read_parquet"
+    )
