@@ -15,12 +15,17 @@ close); the monitor turns them into the events of
   artifact and the ``engine.stopped`` event name the flow run by id.
 * A result's producing task run is recorded when it is created, so its
   ``released`` event can name that task run even at session end.
+* A result's artifact is written on the monitor's own thread
+  (``cudf-polars-monitor``), so a GPU task does not wait for the API call or
+  for polars to print the plan; the session waits for pending artifacts when
+  it ends, before the summary.
 * Nothing here raises into the session: monitoring failures are logged.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from prefect_cudf_polars.tasks import artifacts, events
@@ -80,6 +85,7 @@ class SessionMonitor:
         self.peak_memory_per_rank: dict[int, int] = {}
         self._producers: dict[str, Any] = {}
         self._started_sent = False
+        self._writer: ThreadPoolExecutor | None = None
 
     # ---- session hooks ---------------------------------------------------------
     def started(self, flow_run: Any, flow: Any) -> None:
@@ -104,28 +110,31 @@ class SessionMonitor:
             },
         )
 
-    def result_created(self, result: GPUResult, lf: pl.LazyFrame) -> None:
-        """A result was produced: record memory, write its artifact, emit ``result.created``."""
+    def result_created(
+        self, result: GPUResult, lf: pl.LazyFrame, *, memory_after: int | None
+    ) -> None:
+        """
+        A result was produced: emit ``result.created``, queue its artifact.
+
+        Parameters
+        ----------
+        result
+            The new result.
+        lf
+            The query that produced it (its plan goes in the artifact).
+        memory_after
+            Bytes the engine held right after the call (the session's reading).
+        """
         try:
-            self._result_created(result, lf)
+            self._result_created(result, lf, memory_after)
         except Exception as exc:  # monitoring never fails a query
             logger.warning("Could not report GPU result %r: %s", result.name, exc)
 
-    def _result_created(self, result: GPUResult, lf: pl.LazyFrame) -> None:
+    def _result_created(self, result: GPUResult, lf: pl.LazyFrame, memory_after: int | None) -> None:
         s = self.session
         task_run_id = current_task_run_id()
         self._producers[result.id] = task_run_id
-        memory_after = s.memory_in_use()
-        self._note_rank_memory()
-        artifacts.create_run_artifact(
-            artifacts.result_markdown(
-                result,
-                plan=artifacts.query_plan(lf),
-                memory_after=memory_after,
-                gpus=list(s.description.get("gpus", [])),
-            ),
-            description=f"cudf-polars result {result.name!r}: plan, schema, where it lives",
-        )
+        self._note_rank_memory(memory_after)
         events.emit(
             events.RESULT_CREATED,
             events.result_resource(result),
@@ -140,6 +149,35 @@ class SessionMonitor:
                 "memory_in_use_bytes": memory_after,
             },
         )
+        if task_run_id is None and self.flow_run_id is None:
+            return  # outside any Prefect run: nothing to attach an artifact to
+        gpus = list(s.description.get("gpus", []))
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudf-polars-monitor")
+        self._writer.submit(
+            self._write_result_artifact, result, lf, memory_after, gpus, task_run_id
+        )
+
+    def _write_result_artifact(
+        self, result: GPUResult, lf: pl.LazyFrame, memory_after: int | None, gpus: list[str], task_run_id: Any
+    ) -> None:
+        try:
+            artifacts.create_artifact_for(
+                artifacts.result_markdown(
+                    result, plan=artifacts.query_plan(lf), memory_after=memory_after, gpus=gpus
+                ),
+                description=f"cudf-polars result {result.name!r}: plan, schema, where it lives",
+                flow_run_id=self.flow_run_id,
+                task_run_id=task_run_id,
+            )
+        except Exception as exc:
+            logger.warning("Could not write the artifact of GPU result %r: %s", result.name, exc)
+
+    def flush(self) -> None:
+        """Wait for the artifacts still being written (idempotent)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
 
     def result_consumed(self, result: GPUResult) -> None:
         """A result was claimed by its reader: emit ``result.consumed``."""
@@ -166,6 +204,7 @@ class SessionMonitor:
                 "unconsumed": True,
                 "at_session_end": self.session.closed,
             },
+            detached=self.session.closed,
         )
 
     def ended(self, summary: dict[str, Any]) -> None:
@@ -176,7 +215,8 @@ class SessionMonitor:
             logger.warning("Could not report the end of engine session %s: %s", self.session.id, exc)
 
     def _ended(self, summary: dict[str, Any]) -> None:
-        dashboard = dashboard_link(self.session._running)
+        self.flush()
+        dashboard = self.session.description.get("dashboard") or dashboard_link(self.session._running)
         summary = {**summary, "peak_memory_per_rank": dict(self.peak_memory_per_rank)}
         if self.flow_run_id is not None:
             artifacts.create_flow_run_artifact(
@@ -190,14 +230,17 @@ class SessionMonitor:
             events.session_resource(self.session.id, self.session.backend),
             related=events.run_resources(self.flow_run_id),
             payload={**summary, "dashboard": dashboard},
+            detached=True,
         )
 
     # ---- memory per rank -----------------------------------------------------------
-    def _note_rank_memory(self) -> None:
+    def _note_rank_memory(self, memory_after: int | None) -> None:
         running = self.session._running
-        per_rank = getattr(running, "memory_per_rank", None)
-        if per_rank is None:
-            return
-        for rank, value in enumerate(self.session.run(per_rank)):
+        if getattr(running, "backend", None) == "spmd" or getattr(running, "memory_per_rank", None) is None:
+            # One rank in this process (or no per-rank reading): the session's reading is rank 0's.
+            readings = [memory_after] if getattr(running, "memory_per_rank", None) else []
+        else:
+            readings = self.session.run(running.memory_per_rank)
+        for rank, value in enumerate(readings):
             if value is not None and value > self.peak_memory_per_rank.get(rank, -1):
                 self.peak_memory_per_rank[rank] = value

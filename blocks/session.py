@@ -421,8 +421,8 @@ class EngineSession:
                 raise SessionError("The engine session ended while the query ran.")
             self._live[result.id] = result
             self.counts["produced"] += 1
-        self._note_memory()
-        self.monitor.result_created(result, lf)
+        memory_after = self._note_memory()
+        self.monitor.result_created(result, lf, memory_after=memory_after)
         return result
 
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
@@ -450,12 +450,14 @@ class EngineSession:
         running = self._check_open()
         return self.run(running.memory_in_use)
 
-    def _note_memory(self) -> None:
+    def _note_memory(self) -> int | None:
+        """Read the engine's memory after an engine call, keep the peak, return the reading."""
         if self._running is None or self._closed:
-            return
+            return None
         value = self.run(self._running.memory_in_use)
         if value is not None and (self.peak_memory is None or value > self.peak_memory):
             self.peak_memory = value
+        return value
 
     # ---- the registry (called by GPUResult) ------------------------------------
     def _claimed(self, result: GPUResult) -> None:

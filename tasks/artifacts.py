@@ -174,6 +174,34 @@ def persistence_refusal_markdown(task_name: str, reasons: list[str]) -> str:
     )
 
 
+def create_artifact_for(
+    markdown: str, *, description: str, flow_run_id: Any, task_run_id: Any, key: str | None = None
+) -> None:
+    """
+    Attach a markdown artifact to a task run (or, with no task run, a flow run) by id.
+
+    Through the client, so it can run on any thread after the task run moved
+    on. Never raises: a failure is logged.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.create_artifact(
+                artifact=ArtifactCreate(
+                    key=key,
+                    type="markdown",
+                    data=markdown,
+                    description=description,
+                    flow_run_id=flow_run_id,
+                    task_run_id=task_run_id,
+                )
+            )
+    except Exception as exc:  # pragma: no cover - depends on the API being down
+        logger.warning("Could not create the artifact %r: %s", description, exc)
+
+
 def create_run_artifact(markdown: str, *, description: str, key: str | None = None) -> None:
     """
     Attach a markdown artifact to the current task run (or flow run); never raises.

@@ -20,6 +20,8 @@ Prefect's own context lookup cannot be relied on.
 
 from __future__ import annotations
 
+import contextvars
+
 import logging
 from typing import Any
 
@@ -74,17 +76,33 @@ def emit(
     *,
     related: list[dict[str, str]],
     payload: dict[str, Any],
+    detached: bool = False,
 ) -> None:
     """
     Send one event with :func:`prefect.events.emit_event`; never raises.
 
     A monitoring failure (no API, a full queue) must not fail a query or the
     session's teardown, so errors are logged at WARNING and dropped.
+
+    Parameters
+    ----------
+    detached
+        Send it with no Prefect run context visible, so only ``related`` names
+        runs. For events sent after the flow run's context is gone (a task
+        runner's session end): Prefect's events worker otherwise attaches
+        whatever run context its own thread last saw.
     """
+    from prefect.context import FlowRunContext, TaskRunContext
     from prefect.events import emit_event
 
-    try:
+    def send() -> None:
+        if detached:
+            FlowRunContext.__var__.set(None)
+            TaskRunContext.__var__.set(None)
         emit_event(event=event, resource=resource, related=related, payload=payload)
+
+    try:
+        contextvars.copy_context().run(send)
     except Exception as exc:  # pragma: no cover - depends on the API being down
         logger.warning("Could not emit Prefect event %s: %s", event, exc)
 

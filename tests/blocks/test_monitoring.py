@@ -82,7 +82,7 @@ def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
     flow_ref = [f"prefect.flow-run.{flow_run_id}"]
     task_ref = lambda name: [f"prefect.task-run.{runs[name].id}"]  # noqa: E731
     for event in found:
-        assert related_ids(event, "flow-run") == flow_ref, event
+        assert related_ids(event, "flow-run") == flow_ref, (event.event, [(r.id, r.role) for r in event.related])
 
     created = {e.payload["name"]: e for e in by_name[ev.RESULT_CREATED]}
     assert set(created) == {"orders", "customer-totals", "left-over"}
