@@ -9,25 +9,33 @@ GPUResultSerializer
     The Prefect serializer (type ``"cudf-polars-gpu"``) that refuses host persistence.
 execute, collect
     Tasks: run a LazyFrame or GPUResult, return a GPUResult / a host DataFrame.
+tee
+    Task: split one GPUResult into N independent ones (fan-out), on the GPU.
 gpu_task
     Decorator: a function building a LazyFrame becomes a task returning a GPUResult.
 HostPersistenceError, ResultConsumedError, ResultReleasedError, WrongEngineError
-    The errors of the result rules.
+    The errors of the result rules; CannotRecomputeError (a consumed result whose
+    lineage cannot be replayed) and DeviceMemoryError (device memory exhausted).
 """
 
 from prefect_cudf_polars.tasks.engine_tasks import collect, execute
 from prefect_cudf_polars.tasks.errors import (
+    CannotRecomputeError,
+    DeviceMemoryError,
     GPUResultError,
     HostPersistenceError,
     ResultConsumedError,
     ResultReleasedError,
     WrongEngineError,
 )
+from prefect_cudf_polars.tasks.fan_out import tee
 from prefect_cudf_polars.tasks.gpu_task import gpu_task
 from prefect_cudf_polars.tasks.result import GPUResult
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
 
 __all__ = [
+    "CannotRecomputeError",
+    "DeviceMemoryError",
     "GPUResult",
     "GPUResultError",
     "GPUResultSerializer",
@@ -38,4 +46,5 @@ __all__ = [
     "collect",
     "execute",
     "gpu_task",
+    "tee",
 ]

@@ -1,0 +1,54 @@
+"""Fixtures of the reliability tests: teardown checks and flow-run subprocess environments."""
+
+from __future__ import annotations
+
+import os
+import pytest
+
+from prefect_cudf_polars.blocks import host_store
+from process_tree import child_pids, pid_alive
+
+def _assert_torn_down(session, *, store_before: int, children_before: set[int]) -> None:
+    """
+    The checks every ending must pass.
+
+    The session is closed with no live result, its engine was shut down on its
+    owner thread, this process holds no new child process, and the cpu
+    backend's host store holds what it held before.
+    """
+    assert session.closed
+    assert session.live_results == ()
+    assert session.shutdown_thread is not None
+    assert session.shutdown_thread.startswith("cudf-polars-engine-owner"), session.shutdown_thread
+    assert host_store.total_partitions() == store_before
+    leftover = {p for p in child_pids() - children_before if pid_alive(p)}
+    assert not leftover, f"orphaned child processes: {leftover}"
+
+
+@pytest.fixture()
+def torn_down():
+    """
+    ``torn_down(session)`` asserts the teardown checks against this test's starting point.
+
+    The starting point (host store partitions, child processes) is read when
+    the fixture is set up, before the test body runs.
+    """
+    start = {"store_before": host_store.total_partitions(), "children_before": child_pids()}
+
+    def check(session) -> None:
+        _assert_torn_down(session, **start)
+
+    return check
+
+
+@pytest.fixture()
+def subprocess_env() -> dict[str, str]:
+    """Environment for a flow-run subprocess that talks to this test session's Prefect API."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+    }
