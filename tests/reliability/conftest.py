@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+
 import pytest
 
 from prefect_cudf_polars.blocks import host_store
 from process_tree import child_pids, pid_alive
+
 
 def _assert_torn_down(session, *, store_before: int, children_before: set[int]) -> None:
     """
