@@ -171,7 +171,10 @@ class GPUResult:
             raise ResultReleasedError(
                 f"GPUResult {self.name!r} (id {self.id}) was released"
                 + (
-                    " when its engine session ended (its flow run is over)"
+                    " when its engine session ended (its flow run is over: a GPU "
+                    "result never outlives its flow run, so do not return it from a "
+                    "flow or keep it for later — collect it inside the flow run and "
+                    "return the host DataFrame)"
                     if self._session.closed
                     else ""
                 )
