@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from prefect_cudf_polars.blocks import host_store
+from prefect_cudf_polars.blocks import CudfPolarsEngine, host_store
 from process_tree import child_pids, pid_alive
 
 
@@ -14,12 +14,15 @@ def _assert_torn_down(session, *, store_before: int, children_before: set[int]) 
     """
     The checks every ending must pass.
 
-    The session is closed with no live result, its engine was shut down on its
-    owner thread, this process holds no new child process, and the cpu
-    backend's host store holds what it held before.
+    The session is closed with no live result, the engine's memory (rmm
+    statistics on GPU backends) was back at its starting figure before shutdown,
+    the engine was shut down on its owner thread, this process holds no new
+    child process, and the cpu backend's host store holds what it held before.
     """
     assert session.closed
     assert session.live_results == ()
+    memory = session.summary()["memory"]  # rmm statistics on GPU backends, host store on cpu
+    assert memory["before_shutdown"] == memory["at_start"], memory
     assert session.shutdown_thread is not None
     assert session.shutdown_thread.startswith("cudf-polars-engine-owner"), session.shutdown_thread
     assert host_store.total_partitions() == store_before
@@ -54,3 +57,14 @@ def subprocess_env() -> dict[str, str]:
         "PREFECT_WORKER_QUERY_SECONDS": "1",
         "PREFECT_WORKER_PREFETCH_SECONDS": "1",
     }
+
+
+#: The backends every reliability test runs on: ``cpu`` here, ``spmd`` (marked
+#: ``gpu``, one rank on one GPU, cudf-polars' SPMDEngine) on a GPU machine.
+BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("spmd", id="spmd", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=BACKENDS)
+def engine_block(request) -> CudfPolarsEngine:
+    """An unsaved engine block on each backend (``raise_on_fail=True``)."""
+    return CudfPolarsEngine(backend=request.param, raise_on_fail=True)

@@ -17,20 +17,22 @@ import polars as pl
 import pytest
 from prefect import flow
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, host_store
+from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, host_store
 from prefect_cudf_polars.blocks.cpu import CpuRunningEngine
+from prefect_cudf_polars.blocks.streaming_engine import StreamingRunningEngine
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 
 TASKS = 32
 
 
 @pytest.fixture()
-def overlap(monkeypatch):
+def overlap(monkeypatch, engine_block):
     """Record the most engine calls in flight at once, and the threads they ran on."""
     state = {"now": 0, "most": 0, "threads": set()}
     lock = threading.Lock()
+    running = CpuRunningEngine if engine_block.backend == "cpu" else StreamingRunningEngine
     for name in ("execute", "collect"):
-        original = getattr(CpuRunningEngine, name)
+        original = getattr(running, name)
 
         def spy(self, lf, _original=original):
             with lock:
@@ -43,7 +45,7 @@ def overlap(monkeypatch):
                 with lock:
                     state["now"] -= 1
 
-        monkeypatch.setattr(CpuRunningEngine, name, spy)
+        monkeypatch.setattr(running, name, spy)
     return state
 
 
@@ -53,10 +55,10 @@ def customer_total(r: GPUResult, customer: int) -> pl.LazyFrame:
 
 
 @pytest.mark.timeout(240)
-def test_32_tasks_at_once_on_one_session(orders, overlap):
+def test_32_tasks_at_once_on_one_session(engine_block, orders, overlap):
     store_before = host_store.total_partitions()
 
-    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu"), max_workers=TASKS))
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block, max_workers=TASKS))
     def at_once():
         sources = [execute.submit(pl.scan_parquet(orders), name=f"orders-{i}") for i in range(TASKS)]
         totals = [customer_total.submit(s, i % 7) for i, s in enumerate(sources)]

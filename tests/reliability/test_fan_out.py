@@ -17,7 +17,6 @@ from prefect_cudf_polars.tasks import (
     tee,
 )
 
-RUNNER = lambda: CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu"))  # noqa: E731
 
 
 @gpu_task
@@ -30,11 +29,11 @@ def top_orders(r: GPUResult) -> pl.LazyFrame:
     return r.lazy().sort("amount", "id", descending=True).head(5)
 
 
-def test_tee_feeds_independent_downstream_tasks(orders):
+def test_tee_feeds_independent_downstream_tasks(engine_block, orders):
     store_before = host_store.total_partitions()
     seen = {}
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def fan_out():
         big = execute(pl.scan_parquet(orders).filter(pl.col("amount") > 50), name="big")
         a, b, c = tee(big, 3)
@@ -53,7 +52,7 @@ def test_tee_feeds_independent_downstream_tasks(orders):
     assert host_store.total_partitions() == store_before
 
 
-def test_tee_of_a_result_two_steps_down_a_chain(orders):
+def test_tee_of_a_result_two_steps_down_a_chain(engine_block, orders):
     calls = []
 
     @gpu_task
@@ -61,7 +60,7 @@ def test_tee_of_a_result_two_steps_down_a_chain(orders):
         calls.append("spenders")
         return r.lazy().group_by("customer").agg(pl.col("amount").sum())
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def chain():
         s = spenders(execute(pl.scan_parquet(orders)))
         a, b = tee(s, 2)
@@ -72,8 +71,8 @@ def test_tee_of_a_result_two_steps_down_a_chain(orders):
     assert calls == ["spenders", "spenders"]  # the copy replayed the step, from the scan
 
 
-def test_default_consumed_error_points_to_tee(orders):
-    @flow(task_runner=RUNNER())
+def test_default_consumed_error_points_to_tee(engine_block, orders):
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def reads_twice():
         r = execute(pl.scan_parquet(orders))
         per_customer(r)
@@ -83,8 +82,8 @@ def test_default_consumed_error_points_to_tee(orders):
         reads_twice()
 
 
-def test_tee_refuses_an_unreplayable_result_and_loses_nothing(orders):
-    @flow(task_runner=RUNNER())
+def test_tee_refuses_an_unreplayable_result_and_loses_nothing(engine_block, orders):
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def built_in_the_body():
         r = execute(pl.scan_parquet(orders))
         derived = execute(r.lazy().filter(pl.col("customer") == 3))  # built outside a GPU task
@@ -98,12 +97,12 @@ def test_tee_refuses_an_unreplayable_result_and_loses_nothing(orders):
     assert "still live and unread" in str(error)
 
 
-def test_tee_whose_replay_fails_keeps_the_original(tmp_path):
+def test_tee_whose_replay_fails_keeps_the_original(engine_block, tmp_path):
     path = tmp_path / "once.parquet"
     pl.DataFrame({"x": [1, 2, 3]}).write_parquet(path)
     store_before = host_store.total_partitions()
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def file_gone():
         r = execute(pl.scan_parquet(path))
         path.unlink()  # the replay cannot scan it again
@@ -116,8 +115,8 @@ def test_tee_whose_replay_fails_keeps_the_original(tmp_path):
     assert host_store.total_partitions() == store_before
 
 
-def test_tee_argument_checks(orders):
-    @flow(task_runner=RUNNER())
+def test_tee_argument_checks(engine_block, orders):
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def bad():
         r = execute(pl.scan_parquet(orders))
         with pytest.raises(ValueError, match="at least 1"):

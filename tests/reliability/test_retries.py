@@ -31,7 +31,7 @@ def expected_totals(orders) -> pl.DataFrame:
     )
 
 
-def test_retry_recomputes_the_input_its_first_attempt_consumed(orders):
+def test_retry_recomputes_the_input_its_first_attempt_consumed(engine_block, orders):
     attempts = []
     store_before = host_store.total_partitions()
 
@@ -43,7 +43,7 @@ def test_retry_recomputes_the_input_its_first_attempt_consumed(orders):
             raise OSError("transient failure after reading the input")
         return lf.group_by("customer").agg(pl.col("amount").sum()).sort("customer")
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def pipeline():
         r = execute(pl.scan_parquet(orders).filter(pl.col("amount") > 10), name="filtered")
         out = collect(totals(r))
@@ -56,7 +56,7 @@ def test_retry_recomputes_the_input_its_first_attempt_consumed(orders):
     assert host_store.total_partitions() == store_before
 
 
-def test_retry_two_steps_down_a_chain_recomputes_the_whole_chain(orders):
+def test_retry_two_steps_down_a_chain_recomputes_the_whole_chain(engine_block, orders):
     calls = {"filtered": 0, "totals": 0}
 
     @gpu_task
@@ -72,7 +72,7 @@ def test_retry_two_steps_down_a_chain_recomputes_the_whole_chain(orders):
             raise OSError("transient")
         return lf.group_by("customer").agg(pl.col("amount").sum()).sort("customer")
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def chain():
         scanned = execute(pl.scan_parquet(orders), name="scanned")
         return collect(totals(filtered(scanned))), scanned
@@ -84,7 +84,7 @@ def test_retry_two_steps_down_a_chain_recomputes_the_whole_chain(orders):
     assert scanned.state == "released" or scanned.state == "consumed"
 
 
-def test_retry_of_an_unreplayable_input_fails_at_once_with_the_reason(orders):
+def test_retry_of_an_unreplayable_input_fails_at_once_with_the_reason(engine_block, orders):
     calls = []
 
     @gpu_task(retries=3, retry_delay_seconds=0)
@@ -93,7 +93,7 @@ def test_retry_of_an_unreplayable_input_fails_at_once_with_the_reason(orders):
         r.lazy()
         raise OSError("transient")
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def pipeline():
         base = execute(pl.scan_parquet(orders))
         # A query built from base.lazy() in the flow body: its lineage cannot be replayed.
@@ -111,7 +111,7 @@ def test_retry_of_an_unreplayable_input_fails_at_once_with_the_reason(orders):
     assert info.value.result_name == "derived"
 
 
-def test_retry_does_not_recompute_an_input_another_task_consumed(orders):
+def test_retry_does_not_recompute_an_input_another_task_consumed(engine_block, orders):
     calls = []
 
     @gpu_task
@@ -123,7 +123,7 @@ def test_retry_does_not_recompute_an_input_another_task_consumed(orders):
         calls.append(1)
         return r.lazy()
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def pipeline():
         r = execute(pl.scan_parquet(orders))
         reader(r)
@@ -135,7 +135,7 @@ def test_retry_does_not_recompute_an_input_another_task_consumed(orders):
     assert calls == []  # refused before the user's function, on every attempt
 
 
-def test_retry_before_the_input_was_read_uses_the_original(orders):
+def test_retry_before_the_input_was_read_uses_the_original(engine_block, orders):
     seen = []
 
     @gpu_task(retries=1, retry_delay_seconds=0)
@@ -145,7 +145,7 @@ def test_retry_before_the_input_was_read_uses_the_original(orders):
             raise OSError("fails before reading its input")
         return r.lazy()
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def pipeline():
         r = execute(pl.scan_parquet(orders))
         return collect(step(r)).height, r.id

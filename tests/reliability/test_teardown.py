@@ -32,18 +32,21 @@ from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from process_tree import child_pids, pid_alive
 
 SCRIPTS = Path(__file__).parent / "scripts"
-RUNNER = lambda: CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu"))  # noqa: E731
 END_LINE = re.compile(
-    r"engine session ended: backend=cpu, results produced (\d+), consumed (\d+), "
-    r"released unconsumed (\d+); host store at start 0, before shutdown (\d+),.*"
-    r"on thread (cudf-polars-engine-owner-\S+)"
+    r"engine session ended: backend=(\w+), results produced (\d+), consumed (\d+), "
+    r"released unconsumed (\d+); (?:host store|device memory \(rmm statistics\)) at start "
+    r"(\S+), before shutdown (\S+),.* on thread (\S+)$"
 )
+SUBPROCESS_BACKENDS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("spmd", id="spmd", marks=pytest.mark.gpu),
+]
 
 
-def test_success(orders, torn_down):
+def test_success(engine_block, orders, torn_down):
     sessions = []
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def ok():
         sessions.append(get_engine_session())
         execute(pl.scan_parquet(orders), name="never read")
@@ -55,7 +58,7 @@ def test_success(orders, torn_down):
     assert session.counts == {"produced": 2, "consumed": 1, "released_unconsumed": 1}
 
 
-def test_task_raising(orders, torn_down):
+def test_task_raising(engine_block, orders, torn_down):
     sessions, kept = [], []
 
     @gpu_task
@@ -63,7 +66,7 @@ def test_task_raising(orders, torn_down):
         r.lazy()
         raise ValueError("bug in a step")
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def fails_in_a_task():
         sessions.append(get_engine_session())
         kept.append(execute(pl.scan_parquet(orders), name="kept"))
@@ -75,10 +78,10 @@ def test_task_raising(orders, torn_down):
     assert kept[0].state == "released"
 
 
-def test_flow_raising(orders, torn_down):
+def test_flow_raising(engine_block, orders, torn_down):
     sessions, kept = [], []
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def fails_in_the_body():
         sessions.append(get_engine_session())
         kept.extend(execute(pl.scan_parquet(orders)) for _ in range(3))
@@ -91,10 +94,10 @@ def test_flow_raising(orders, torn_down):
     assert sessions[0].counts["released_unconsumed"] == 3
 
 
-def test_flow_retry_releases_the_failed_attempt_before_the_next_starts(orders, torn_down):
+def test_flow_retry_releases_the_failed_attempt_before_the_next_starts(engine_block, orders, torn_down):
     seen = []
 
-    @flow(retries=1, task_runner=RUNNER())
+    @flow(retries=1, task_runner=CudfPolarsTaskRunner(engine_block))
     def flaky():
         session = get_engine_session()
         previous = seen[-1]["session"] if seen else None
@@ -121,10 +124,10 @@ def test_flow_retry_releases_the_failed_attempt_before_the_next_starts(orders, t
     torn_down(second["session"])
 
 
-def test_keyboard_interrupt_in_the_flow_body(orders, torn_down):
+def test_keyboard_interrupt_in_the_flow_body(engine_block, orders, torn_down):
     sessions = []
 
-    @flow(task_runner=RUNNER())
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def interrupted():
         sessions.append(get_engine_session())
         execute(pl.scan_parquet(orders))
@@ -135,12 +138,12 @@ def test_keyboard_interrupt_in_the_flow_body(orders, torn_down):
     torn_down(sessions[0])
 
 
-def test_keyboard_interrupt_inside_block_session(orders, torn_down):
+def test_keyboard_interrupt_inside_block_session(engine_block, orders, torn_down):
     sessions = []
 
     @flow
     def interrupted():
-        with CudfPolarsEngine(backend="cpu").session() as session:
+        with engine_block.session() as session:
             sessions.append(session)
             execute(pl.scan_parquet(orders))
             raise KeyboardInterrupt
@@ -162,23 +165,28 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 150.0) -> dic
     return json.loads(path.read_text())
 
 
-def _assert_flow_process_torn_down(evidence: Path, ready: dict) -> None:
-    # Before the stop: two results live in the flow process's host store.
-    assert ready["live"] == ["live", "live"] and ready["host_store_partitions"] == 2
+def _assert_flow_process_torn_down(evidence: Path, ready: dict, backend: str) -> None:
+    # Before the stop: two results live in the flow process's engine.
+    assert ready["live"] == ["live", "live"]
+    assert ready["memory_held"] > ready["memory_at_start"]
+    if backend == "cpu":
+        assert ready["host_store_partitions"] == 2
     # The flow process and anything it started are gone.
     assert not pid_alive(ready["pid"])
     assert not [p for p in ready["children"] if pid_alive(p)]
     # The session's end line, written synchronously by the flow process.
     (line,) = [m for m in (evidence / "flow.log").read_text().splitlines() if "session ended" in m]
-    produced, consumed, released, before_shutdown, thread = END_LINE.search(line).groups()
-    assert (produced, consumed, released, before_shutdown) == ("3", "1", "2", "0"), line
+    found, produced, consumed, released, at_start, before_shutdown, thread = END_LINE.search(line).groups()
+    assert (found, produced, consumed, released) == (backend, "3", "1", "2"), line
+    assert before_shutdown == at_start == str(ready["memory_at_start"]), line  # memory back to start
     assert thread.startswith("cudf-polars-engine-owner")
 
 
-def test_sigterm_to_the_flow_process(tmp_path, orders, subprocess_env):
+@pytest.mark.parametrize("backend", SUBPROCESS_BACKENDS)
+def test_sigterm_to_the_flow_process(backend, tmp_path, orders, subprocess_env):
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "flow_until_signalled.py"), str(tmp_path), str(orders)],
-        env=subprocess_env,
+        env={**subprocess_env, "PREFECT_CUDF_POLARS_TEST_BACKEND": backend},
     )
     try:
         ready = _wait_for(tmp_path / "ready.json", proc)
@@ -187,13 +195,14 @@ def test_sigterm_to_the_flow_process(tmp_path, orders, subprocess_env):
     finally:
         if proc.poll() is None:
             proc.kill()
-    _assert_flow_process_torn_down(tmp_path, ready)
+    _assert_flow_process_torn_down(tmp_path, ready, backend)
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(ready["flow_run_id"]).state
     assert state.is_crashed() and "termination signal" in state.message
 
 
-def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(tmp_path, orders, subprocess_env):
+@pytest.mark.parametrize("backend", SUBPROCESS_BACKENDS)
+def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(backend, tmp_path, orders, subprocess_env):
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.deployments import run_deployment
     from prefect.states import Cancelling
@@ -215,7 +224,7 @@ def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(tmp_path, orde
         )
     worker = subprocess.Popen(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
-        env=subprocess_env,
+        env={**subprocess_env, "PREFECT_CUDF_POLARS_TEST_BACKEND": backend},
         stdout=(tmp_path / "worker.log").open("w"),
         stderr=subprocess.STDOUT,
     )
@@ -231,7 +240,7 @@ def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(tmp_path, orde
                 time.sleep(0.5)
         assert state.is_cancelled(), state
         assert worker.poll() is None  # the worker survives the cancellation
-        _assert_flow_process_torn_down(tmp_path, ready)
+        _assert_flow_process_torn_down(tmp_path, ready, backend)
     finally:
         worker_tree = child_pids(worker.pid) if worker.poll() is None else set()
         worker.terminate()

@@ -1,7 +1,8 @@
 """
 A flow run that holds GPU results and waits to be stopped (run as a file by the teardown tests).
 
-It runs on the cpu backend, produces three results, consumes one, writes
+It runs on the backend named by ``PREFECT_CUDF_POLARS_TEST_BACKEND`` (``cpu``
+unless set), produces three results, consumes one, writes
 ``<evidence>/ready.json`` (pid, flow run id) and sleeps in the flow body. The
 test then stops it (SIGTERM, or a cancellation through the API). Every line of
 the ``prefect.flow_runs`` logger is also written to ``<evidence>/flow.log``
@@ -24,15 +25,17 @@ import polars as pl
 from prefect import flow
 from prefect.context import FlowRunContext
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, host_store
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session, host_store
 from prefect_cudf_polars.tasks import collect, execute
 
 
 def _children() -> list[int]:
     pids: list[int] = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        text = (task / "children").read_text().split()
-        pids.extend(int(p) for p in text)
+        try:
+            pids.extend(int(p) for p in (task / "children").read_text().split())
+        except FileNotFoundError:  # the thread ended while we looked
+            continue
     return pids
 
 
@@ -42,7 +45,11 @@ def _log_to(evidence: Path) -> None:
     logging.getLogger("prefect.flow_runs").addHandler(handler)
 
 
-@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+#: The backend, from the environment (a worker's flow-run process inherits it).
+BACKEND = os.environ.get("PREFECT_CUDF_POLARS_TEST_BACKEND", "cpu")
+
+
+@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend=BACKEND, raise_on_fail=True)))
 def hold_results(evidence: str, path: str, wait_s: float = 120.0) -> int:
     """Produce three results, consume one, then wait to be stopped."""
     _log_to(Path(evidence))
@@ -50,7 +57,9 @@ def hold_results(evidence: str, path: str, wait_s: float = 120.0) -> int:
     used = execute(pl.scan_parquet(path), name="used")
     rows = collect(used).height
     ctx = FlowRunContext.get()
-    (Path(evidence) / "ready.json").write_text(
+    session = get_engine_session()
+    ready = Path(evidence) / "ready.json.partial"
+    ready.write_text(
         json.dumps(
             {
                 "pid": os.getpid(),
@@ -58,10 +67,13 @@ def hold_results(evidence: str, path: str, wait_s: float = 120.0) -> int:
                 "rows": rows,
                 "live": [r.state for r in kept],
                 "host_store_partitions": host_store.total_partitions(),
+                "memory_at_start": session.memory["at_start"],
+                "memory_held": session.memory_in_use(),
                 "children": _children(),
             }
         )
     )
+    ready.rename(ready.with_suffix(""))  # appears whole
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         time.sleep(0.1)
