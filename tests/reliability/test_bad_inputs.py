@@ -147,10 +147,13 @@ def test_gpu_result_as_a_flow_return_value_with_persistence_is_refused(orders, t
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert all(b"GPUResult" not in p.read_bytes() for p in written)
     value = state.result(raise_on_failure=False)
-    if isinstance(value, GPUResult):  # Prefect kept it in memory only; still released
-        assert value.state == "released"
-    else:
-        assert isinstance(value, HostPersistenceError), value
+    # Prefect logs "Failed to serialize object of type 'GPUResult' … the result has not
+    # been persisted" (our HostPersistenceError underneath) and completes the flow run;
+    # the handle it keeps in memory was released with the session.
+    assert state.is_completed()
+    assert isinstance(value, GPUResult) and value.state == "released"
+    with pytest.raises(ResultReleasedError, match="its flow run is over"):
+        value.lazy()
 
 
 def test_gpu_result_as_a_flow_parameter(orders, store_is_restored):
