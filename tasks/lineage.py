@@ -48,10 +48,11 @@ _MAX_DEPTH = 20
 
 def map_results(obj: Any, fn: Callable[[GPUResult], Any], _depth: int = 0) -> Any:
     """
-    Rebuild ``obj`` with every :class:`GPUResult` in it replaced by ``fn(result)``.
+    ``obj`` with every :class:`GPUResult` in it replaced by ``fn(result)``.
 
-    Lists, tuples, sets and dict values are walked (20 levels at most); anything
-    else is returned as it is.
+    Lists, tuples (named tuples too), sets and dict values are walked (20 levels
+    at most). A container is rebuilt only when something inside it changed, so
+    arguments without results come back as the very same objects.
     """
     from prefect_cudf_polars.tasks.result import GPUResult
 
@@ -60,9 +61,23 @@ def map_results(obj: Any, fn: Callable[[GPUResult], Any], _depth: int = 0) -> An
     if _depth >= _MAX_DEPTH:
         return obj
     if isinstance(obj, Mapping):
-        return type(obj)({k: map_results(v, fn, _depth + 1) for k, v in obj.items()})  # type: ignore[call-arg]
+        items = {k: map_results(v, fn, _depth + 1) for k, v in obj.items()}
+        if all(items[k] is v for k, v in obj.items()):
+            return obj
+        try:
+            return type(obj)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
     if isinstance(obj, (list, tuple, set, frozenset)):
-        return type(obj)(map_results(v, fn, _depth + 1) for v in obj)
+        values = [map_results(v, fn, _depth + 1) for v in obj]
+        if all(new is old for new, old in zip(values, obj)):
+            return obj
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+            return type(obj)(*values)
+        try:
+            return type(obj)(values)
+        except TypeError:
+            return list(values)
     return obj
 
 
