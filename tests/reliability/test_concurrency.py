@@ -21,6 +21,7 @@ from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, host_store
 from prefect_cudf_polars.blocks.cpu import CpuRunningEngine
 from prefect_cudf_polars.blocks.streaming_engine import StreamingRunningEngine
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
+from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 
 TASKS = 32
 

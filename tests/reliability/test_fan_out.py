@@ -16,6 +16,7 @@ from prefect_cudf_polars.tasks import (
     gpu_task,
     tee,
 )
+from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 
 
 

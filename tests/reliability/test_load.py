@@ -21,6 +21,7 @@ from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, get_engine_session, host_store
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
+from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 
 TASKS = 1000
 #: Allowed RSS growth from task 200 to task 1,000 (bytes). Prefect keeps a small

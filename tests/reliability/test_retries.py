@@ -20,6 +20,7 @@ from prefect_cudf_polars.tasks import (
     execute,
     gpu_task,
 )
+from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 
 RUNNER = lambda: CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu"))  # noqa: E731
 

@@ -1,4 +1,10 @@
-"""Fixtures of the reliability tests: teardown checks and flow-run subprocess environments."""
+"""
+Fixtures of the reliability tests: backends, teardown checks, flow-run subprocess environments.
+
+Test modules import them by name (``from reliability_fixtures import ...``): a
+second ``conftest.py`` here would shadow ``tests/conftest.py`` for the modules
+that do ``from conftest import read_run_logs``.
+"""
 
 from __future__ import annotations
 
