@@ -111,7 +111,7 @@ class SessionMonitor:
         )
 
     def result_created(
-        self, result: GPUResult, lf: pl.LazyFrame, *, memory_after: int | None
+        self, result: GPUResult, lf: pl.LazyFrame | None, *, memory_after: int | None
     ) -> None:
         """
         A result was produced: emit ``result.created``, queue its artifact.
@@ -121,7 +121,8 @@ class SessionMonitor:
         result
             The new result.
         lf
-            The query that produced it (its plan goes in the artifact).
+            The query that produced it (its plan goes in the artifact); ``None``
+            for a copy made by ``tee``.
         memory_after
             Bytes the engine held right after the call (the session's reading).
         """
@@ -130,7 +131,7 @@ class SessionMonitor:
         except Exception as exc:  # monitoring never fails a query
             logger.warning("Could not report GPU result %r: %s", result.name, exc)
 
-    def _result_created(self, result: GPUResult, lf: pl.LazyFrame, memory_after: int | None) -> None:
+    def _result_created(self, result: GPUResult, lf: pl.LazyFrame | None, memory_after: int | None) -> None:
         s = self.session
         task_run_id = current_task_run_id()
         self._producers[result.id] = task_run_id
@@ -159,12 +160,15 @@ class SessionMonitor:
         )
 
     def _write_result_artifact(
-        self, result: GPUResult, lf: pl.LazyFrame, memory_after: int | None, gpus: list[str], task_run_id: Any
+        self, result: GPUResult, lf: pl.LazyFrame | None, memory_after: int | None, gpus: list[str], task_run_id: Any
     ) -> None:
         try:
             artifacts.create_artifact_for(
                 artifacts.result_markdown(
-                    result, plan=artifacts.query_plan(lf), memory_after=memory_after, gpus=gpus
+                    result,
+                    plan=artifacts.query_plan(lf) if lf is not None else "(a copy made by tee: same plan as its source)",
+                    memory_after=memory_after,
+                    gpus=gpus,
                 ),
                 description=f"cudf-polars result {result.name!r}: plan, schema, where it lives",
                 flow_run_id=self.flow_run_id,

@@ -13,6 +13,10 @@ This module is the one place the lifecycle rules live:
    readings) is handed to that thread with :meth:`EngineSession.run`, so engine
    calls are serialized: a single-rank engine has one CUDA stream pool and one
    rank-local store, and cudf-polars does not promise they are thread-safe.
+   Serializing costs little: one engine call already uses the whole GPU (its
+   own thread pool drives the streaming network), so tasks submitted at once
+   queue for the GPU rather than share it; 32 tasks submitted together finish
+   with correct results (``tests/reliability/test_concurrency.py``).
 2. **A result belongs to its session.** Each
    :class:`~prefect_cudf_polars.tasks.GPUResult` records the id of the session
    that produced it; another session refuses it
@@ -46,6 +50,7 @@ from prefect_cudf_polars.blocks.backend import RunningEngine
 from prefect_cudf_polars.blocks.engine_errors import translate_engine_error
 from prefect_cudf_polars.blocks.monitoring import SessionMonitor
 from prefect_cudf_polars.tasks.errors import NoGPUError, SessionError
+from prefect_cudf_polars.tasks.lineage import Lineage
 from prefect_cudf_polars.tasks.result import GPUResult
 
 if TYPE_CHECKING:
@@ -157,6 +162,8 @@ class EngineSession:
         self.fallback_warning: str | None = None
         # Events and artifacts for the Prefect UI (blocks/monitoring.py).
         self.monitor = SessionMonitor(self)
+        #: Name of the thread that shut the engine down (the owner thread), once it has.
+        self.shutdown_thread: str | None = None
 
     # ---- lifecycle -------------------------------------------------------
     def __enter__(self) -> EngineSession:
@@ -261,7 +268,7 @@ class EngineSession:
             logging.INFO,
             "cudf-polars engine session ended: backend=%s, results produced %d, "
             "consumed %d, released unconsumed %d; %s at start %s, before shutdown %s, "
-            "peak %s (bytes); engine start %.2f s, shutdown %.2f s",
+            "peak %s (bytes); engine start %.2f s, shutdown %.2f s on thread %s",
             self.backend,
             self.counts["produced"],
             self.counts["consumed"],
@@ -272,6 +279,7 @@ class EngineSession:
             self.peak_memory,
             self.timings.get("engine_start_s", 0.0),
             self.timings.get("engine_shutdown_s", 0.0),
+            self.shutdown_thread,
         )
         self.monitor.ended(summary)
         return summary
@@ -282,12 +290,16 @@ class EngineSession:
         started = time.perf_counter()
         try:
             if self._running is not None:
-                self._owner.submit(self._running.shutdown).result()
+                self._owner.submit(self._shutdown_on_owner, self._running).result()
         finally:
             self.timings["engine_shutdown_s"] = time.perf_counter() - started
             with self._lock:
                 self._stopped = True
             self._owner.shutdown(wait=True)
+
+    def _shutdown_on_owner(self, running: RunningEngine) -> None:
+        self.shutdown_thread = threading.current_thread().name
+        running.shutdown()
 
     def _deactivate(self) -> None:
         if self._token is None:
@@ -319,6 +331,7 @@ class EngineSession:
             "memory": dict(self.memory),
             "peak_memory": self.peak_memory,
             "timings": dict(self.timings),
+            "shutdown_thread": self.shutdown_thread,
         }
 
     # ---- the owner thread --------------------------------------------------
@@ -374,7 +387,9 @@ class EngineSession:
         return self._running
 
     # ---- engine calls ------------------------------------------------------
-    def execute(self, lf: pl.LazyFrame, *, name: str | None = None) -> GPUResult:
+    def execute(
+        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None
+    ) -> GPUResult:
         """
         Run ``lf`` on the engine; the result stays where the engine keeps it.
 
@@ -384,6 +399,9 @@ class EngineSession:
             The query.
         name
             Readable name for the result (default ``"query"``).
+        lineage
+            How to produce the result again (default: ``lf`` itself, see
+            :mod:`~prefect_cudf_polars.tasks.lineage`).
 
         Returns
         -------
@@ -395,6 +413,9 @@ class EngineSession:
         ResultConsumedError
             When the query reads a result a second time (cudf-polars' error,
             translated).
+        DeviceMemoryError
+            When the engine ran out of device memory (names the block fields
+            that spill or lower the peak).
         SessionError
             When the session has ended.
         """
@@ -408,12 +429,31 @@ class EngineSession:
                 raise
             raise translated from exc
         seconds = time.perf_counter() - started
+        return self._register(
+            persisted,
+            name=name or "query",
+            engine_seconds=seconds,
+            lineage=lineage if lineage is not None else Lineage.of_query(lf),
+            query=lf,
+        )
+
+    def _register(
+        self,
+        persisted: Any,
+        *,
+        name: str,
+        engine_seconds: float,
+        lineage: Lineage | None,
+        query: pl.LazyFrame | None = None,
+    ) -> GPUResult:
+        """Wrap an engine's persisted result in a live GPUResult of this session (``query``: its plan, if any)."""
         result = GPUResult(
             persisted,
             session=self,
-            name=name or "query",
+            name=name,
             ranks=list(getattr(persisted, "_ranks", [0])),
-            engine_seconds=seconds,
+            engine_seconds=engine_seconds,
+            lineage=lineage,
         )
         with self._lock:
             if self._closed:
@@ -422,7 +462,7 @@ class EngineSession:
             self._live[result.id] = result
             self.counts["produced"] += 1
         memory_after = self._note_memory()
-        self.monitor.result_created(result, lf, memory_after=memory_after)
+        self.monitor.result_created(result, query, memory_after=memory_after)
         return result
 
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
@@ -431,7 +471,7 @@ class EngineSession:
 
         Raises
         ------
-        ResultConsumedError, SessionError
+        ResultConsumedError, DeviceMemoryError, SessionError
             As for :meth:`execute`.
         """
         running = self._check_open()

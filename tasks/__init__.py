@@ -9,6 +9,8 @@ GPUResultSerializer
     The Prefect serializer (type ``"cudf-polars-gpu"``) that refuses host persistence.
 execute, collect
     Tasks: run a LazyFrame or GPUResult, return a GPUResult / a host DataFrame.
+tee
+    Task: split one GPUResult into N independent ones (fan-out), on the GPU.
 gpu_task
     Decorator: a function building a LazyFrame becomes a task returning a GPUResult.
 HostPersistenceError, ResultConsumedError, ResultReleasedError, WrongEngineError
@@ -21,16 +23,21 @@ PolarsDataFrameSerializer, persisted_collect
     ``collect`` with its DataFrame persisted to result storage (S3 included).
 S3AccessError
     Object storage refused or could not find what a task asked for.
+    The errors of the result rules; CannotRecomputeError (a consumed result whose
+    lineage cannot be replayed) and DeviceMemoryError (device memory exhausted).
 """
 
 from prefect_cudf_polars.tasks.engine_tasks import collect, execute
 from prefect_cudf_polars.tasks.errors import (
+    CannotRecomputeError,
+    DeviceMemoryError,
     GPUResultError,
     HostPersistenceError,
     ResultConsumedError,
     ResultReleasedError,
     WrongEngineError,
 )
+from prefect_cudf_polars.tasks.fan_out import tee
 from prefect_cudf_polars.tasks.gpu_task import gpu_task
 from prefect_cudf_polars.tasks.result import GPUResult
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
@@ -41,6 +48,8 @@ from prefect_cudf_polars.tasks.sink import ParquetSinkSummary, sink_parquet
 from prefect_cudf_polars.tasks.storage_errors import S3AccessError
 
 __all__ = [
+    "CannotRecomputeError",
+    "DeviceMemoryError",
     "GPUResult",
     "GPUResultError",
     "GPUResultSerializer",
@@ -57,4 +66,5 @@ __all__ = [
     "persisted_collect",
     "read_parquet",
     "sink_parquet",
+    "tee",
 ]

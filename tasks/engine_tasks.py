@@ -7,9 +7,11 @@ from typing import Any
 import polars as pl
 from prefect import task
 
+from prefect_cudf_polars.tasks.lineage import Lineage
 from prefect_cudf_polars.tasks.query_inputs import as_query, drop_claimed, iter_gpu_results
 from prefect_cudf_polars.tasks.result import GPUResult
 from prefect_cudf_polars.tasks.run_names import collect_run_name, execute_run_name
+from prefect_cudf_polars.tasks.retry_inputs import recompute_for_retry, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
     warn_if_persistence_requested,
@@ -22,7 +24,12 @@ def _session() -> Any:
     return get_engine_session()
 
 
-@task(name="cudf-polars-execute", task_run_name=execute_run_name, **gpu_task_defaults())
+@task(
+    name="cudf-polars-execute",
+    task_run_name=execute_run_name,
+    retry_condition_fn=retry_unless_cannot_recompute,
+    **gpu_task_defaults(),
+)
 def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResult:
     """
     Run a query on the flow run's engine and keep the result on the GPU.
@@ -50,18 +57,22 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
     """
     warn_if_persistence_requested()
     session = _session()
-    inputs = list(iter_gpu_results(query))
+    lineage = Lineage.of_query(query)
+    fresh: list[GPUResult] = []
     try:
+        query = recompute_for_retry(query, session, fresh)
         lf = as_query(query, task="execute")
         default = query.name if isinstance(query, GPUResult) else "query"
-        return session.execute(lf, name=name or default)
+        return session.execute(lf, name=name or default, lineage=lineage)
     finally:
-        drop_claimed(inputs)
+        drop_claimed(list(iter_gpu_results(query)))
+        drop_claimed(fresh, release_live=True)
 
 
 @task(
     name="cudf-polars-collect",
     task_run_name=collect_run_name,
+    retry_condition_fn=retry_unless_cannot_recompute,
     **gpu_task_defaults(returns_gpu_result=False),
 )
 def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
@@ -84,8 +95,10 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
         As for :func:`execute`.
     """
     session = _session()
-    inputs = list(iter_gpu_results(query))
+    fresh: list[GPUResult] = []
     try:
+        query = recompute_for_retry(query, session, fresh)
         return session.collect(as_query(query, task="collect"))
     finally:
-        drop_claimed(inputs)
+        drop_claimed(list(iter_gpu_results(query)))
+        drop_claimed(fresh, release_live=True)

@@ -10,6 +10,8 @@ All of them pickle and unpickle with their message and attributes intact.
 from __future__ import annotations
 
 __all__ = [
+    "CannotRecomputeError",
+    "DeviceMemoryError",
     "GPUResultError",
     "HostPersistenceError",
     "NoEngineSessionError",
@@ -89,6 +91,41 @@ class ResultConsumedError(GPUResultError):
         self.consumer = consumer
 
 
+class CannotRecomputeError(ResultConsumedError):
+    """
+    A result was consumed and cannot be recomputed from its lineage.
+
+    Raised at once (never retried) when a retried task, a :func:`tee` or a
+    replay needs a consumed result again and its recorded lineage cannot be run
+    again, for example because its query was built from another result's
+    ``.lazy()`` frame outside a GPU task. The message says which step of the
+    lineage stops the replay and what to do instead.
+
+    Parameters
+    ----------
+    message
+        What happened and what to do next.
+    result_id, result_name, consumer
+        The result concerned and the run that consumed it.
+    reason
+        Why the lineage cannot be replayed (one sentence).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        result_id: str | None = None,
+        result_name: str | None = None,
+        consumer: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(
+            message, result_id=result_id, result_name=result_name, consumer=consumer
+        )
+        self.reason = reason
+
+
 class ResultReleasedError(GPUResultError):
     """
     A released result was read.
@@ -138,6 +175,24 @@ class SessionError(RuntimeError):
 
 class NoEngineSessionError(SessionError):
     """No engine session is active for the current flow run or thread."""
+
+
+class DeviceMemoryError(MemoryError):
+    """
+    The engine ran out of device memory while running a query.
+
+    Wraps cudf-polars' ``MemoryError`` (whose hint names its own options) and
+    says which :class:`~prefect_cudf_polars.blocks.CudfPolarsEngine` block
+    fields act on it: ``spill_device_limit`` (spill to host above this device
+    memory use), ``target_partition_size`` (smaller partitions, lower peak) and
+    ``device_memory_resource="managed"`` (unified memory, can exceed the GPU's).
+    The query's inputs that were claimed are freed; the session stays usable.
+
+    Parameters
+    ----------
+    message
+        What happened and what to do next, followed by cudf-polars' own hint.
+    """
 
 
 class NoGPUError(RuntimeError):

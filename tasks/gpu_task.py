@@ -9,8 +9,10 @@ from typing import Any, overload
 import polars as pl
 from prefect import Task, task
 
+from prefect_cudf_polars.tasks.lineage import Lineage
 from prefect_cudf_polars.tasks.query_inputs import drop_claimed, iter_gpu_results
 from prefect_cudf_polars.tasks.run_names import fixed_run_name
+from prefect_cudf_polars.tasks.retry_inputs import combined_retry_condition, recompute_for_retry
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
     persistence_requests,
@@ -55,7 +57,11 @@ def gpu_task(
         named after the query (the task name), no
         persistence, no input caching (see
         :mod:`~prefect_cudf_polars.tasks.task_defaults`); asking for persistence
-        logs a warning on each task run and persists nothing.
+        logs a warning on each task run and persists nothing. With ``retries``,
+        a retry whose earlier attempt read a GPU input recomputes that input
+        from its lineage (:mod:`~prefect_cudf_polars.tasks.retry_inputs`); your
+        ``retry_condition_fn`` runs after the check that stops retrying when the
+        input cannot be recomputed.
 
     Returns
     -------
@@ -71,6 +77,9 @@ def gpu_task(
     ResultReleasedError, ResultConsumedError, WrongEngineError
         At run time, before the function is called, if a GPUResult argument
         cannot be read in this session.
+    CannotRecomputeError
+        At run time, on a retry, if an input the failed attempt read cannot be
+        recomputed from its lineage (the task run then fails without more retries).
 
     Examples
     --------
@@ -92,10 +101,17 @@ def gpu_task(
             if not collect:
                 warn_if_persistence_requested(requested)
             session = get_engine_session()
-            inputs = list(iter_gpu_results((args, kwargs)))
-            for result in inputs:
-                result.check_readable()
+            lineage = Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}")
+            fresh: list[Any] = []
             try:
+                args, kwargs = recompute_for_retry((args, kwargs), session, fresh)
+            except BaseException:
+                drop_claimed(fresh, release_live=True)
+                raise
+            inputs = list(iter_gpu_results((args, kwargs)))
+            try:
+                for result in inputs:
+                    result.check_readable()
                 lf = user_fn(*args, **kwargs)
                 if not isinstance(lf, pl.LazyFrame):
                     raise TypeError(
@@ -103,9 +119,12 @@ def gpu_task(
                         f"run on the GPU), but returned {type(lf).__name__}. Build the "
                         "query with .lazy() on the inputs and return it uncollected."
                     )
-                return session.collect(lf) if collect else session.execute(lf, name=name)
+                if collect:
+                    return session.collect(lf)
+                return session.execute(lf, name=name, lineage=lineage)
             finally:
                 drop_claimed(inputs)
+                drop_claimed(fresh, release_live=True)
 
         options = {
             **gpu_task_defaults(returns_gpu_result=not collect),
@@ -113,6 +132,9 @@ def gpu_task(
             "task_run_name": fixed_run_name(name),
             **task_options,
         }
+        options["retry_condition_fn"] = combined_retry_condition(
+            task_options.get("retry_condition_fn")
+        )
         if requested and not collect:
             # A GPU result is never persisted: keep Prefect from pickling it (or its
             # inputs, for a cache key) and warn on each task run instead.

@@ -51,14 +51,18 @@ def as_query(query: Any, *, task: str) -> pl.LazyFrame:
     )
 
 
-def drop_claimed(results: list[GPUResult]) -> None:
+def drop_claimed(results: list[GPUResult], *, release_live: bool = False) -> None:
     """
     Free whatever claimed inputs left in the engine's store.
 
     A claimed input is normally moved out when the query runs; when the user's
     function or the engine failed after the claim, its partitions would stay
-    in GPU memory until the session ends. Live (unclaimed) inputs are left alone.
+    in GPU memory until the session ends. Live (unclaimed) inputs are left
+    alone, unless ``release_live`` (inputs a retry recomputed for itself, which
+    no other task can hold).
     """
     for result in results:
         if result.state == "consumed":
             result._drop()
+        elif release_live and result.state == "live":
+            result.release()

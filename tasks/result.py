@@ -18,6 +18,12 @@ rules cudf-polars states but does not guard:
 * **One process.** Pickling raises :class:`HostPersistenceError`: the partitions
   live in GPU memory of this process, and cudf-polars' result pickles silently
   (its finalizer is simply lost), so nothing else would stop Prefect.
+* **Lineage.** Each result remembers the plan that produced it
+  (:mod:`~prefect_cudf_polars.tasks.lineage`), so a retried task or a
+  :func:`~prefect_cudf_polars.tasks.tee` can produce it again after it was read.
+* **No engine memory after use.** Once released, or consumed and dropped, a
+  result lets go of the engine's persisted result, so a handle that Prefect's
+  futures or states keep after consumption holds no engine memory.
 * **Stable hash.** Prefect cache keys see the result id, through
   ``prefect.cache_policies.STABLE_TRANSFORMS`` (top-level arguments) and a
   pydantic serializer (results inside lists or dicts, which Prefect hashes as
@@ -39,10 +45,11 @@ from prefect_cudf_polars.tasks.errors import (
     ResultReleasedError,
     WrongEngineError,
 )
-from prefect_cudf_polars.tasks.run_identity import current_run_name
+from prefect_cudf_polars.tasks.run_identity import current_run_id, current_run_name
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.session import EngineSession
+    from prefect_cudf_polars.tasks.lineage import Lineage
 
 State = Literal["live", "consumed", "released"]
 
@@ -84,6 +91,10 @@ class GPUResult:
         The task run or flow run that produced it.
     consumed_by : str or None
         The task run or flow run whose claim consumed it.
+    consumed_by_id : str or None
+        That run's id (a retried task run keeps its id across attempts).
+    lineage : Lineage or None
+        The plan that produced it (see :mod:`~prefect_cudf_polars.tasks.lineage`).
     """
 
     __slots__ = (
@@ -93,8 +104,10 @@ class GPUResult:
         "_state",
         "backend",
         "consumed_by",
+        "consumed_by_id",
         "engine_seconds",
         "id",
+        "lineage",
         "name",
         "produced_by",
         "ranks",
@@ -110,6 +123,7 @@ class GPUResult:
         name: str,
         ranks: list[int],
         engine_seconds: float,
+        lineage: Lineage | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.name = name
@@ -120,7 +134,9 @@ class GPUResult:
         self.engine_seconds = engine_seconds
         self.produced_by = current_run_name()
         self.consumed_by: str | None = None
-        self._persisted = persisted
+        self.consumed_by_id: str | None = None
+        self.lineage = lineage
+        self._persisted: Any = persisted
         self._session = session
         self._state: State = "live"
         self._lock = threading.Lock()
@@ -155,7 +171,10 @@ class GPUResult:
             raise ResultReleasedError(
                 f"GPUResult {self.name!r} (id {self.id}) was released"
                 + (
-                    " when its engine session ended (its flow run is over)"
+                    " when its engine session ended (its flow run is over: a GPU "
+                    "result never outlives its flow run, so do not return it from a "
+                    "flow or keep it for later — collect it inside the flow run and "
+                    "return the host DataFrame)"
                     if self._session.closed
                     else ""
                 )
@@ -168,8 +187,11 @@ class GPUResult:
             raise ResultConsumedError(
                 f"GPUResult {self.name!r} (id {self.id}) was already consumed by "
                 f"{self.consumed_by}: a GPU result is read once (cudf-polars moves its "
-                "partitions out on read). Run the producing task again for a fresh "
-                "result, or collect it once and reuse the host DataFrame.",
+                "partitions out on read). To give one result to several tasks, split it "
+                "before the first read: `a, b = tee(result, 2)` "
+                "(prefect_cudf_polars.tasks.tee) makes independent results that stay on "
+                "the GPU; or run the producing task again, or collect it once and reuse "
+                "the host DataFrame.",
                 result_id=self.id,
                 result_name=self.name,
                 consumer=self.consumed_by,
@@ -210,8 +232,31 @@ class GPUResult:
             self.check_readable()
             self._state = "consumed"
             self.consumed_by = current_run_name()
+            self.consumed_by_id = current_run_id()
+            persisted = self._persisted
         self._session._claimed(self)
-        return self._persisted.lazy()
+        return persisted.lazy()
+
+    def _claim_for_copy(self) -> Any:
+        """
+        Claim the result without reading it and hand over the engine's persisted result.
+
+        Used by :func:`~prefect_cudf_polars.tasks.tee`, whose first copy wraps the
+        same partitions. This handle becomes ``"consumed"`` (by the tee's run).
+
+        Raises
+        ------
+        ResultReleasedError, ResultConsumedError, WrongEngineError
+            See :meth:`check_readable`.
+        """
+        with self._lock:
+            self.check_readable()
+            self._state = "consumed"
+            self.consumed_by = current_run_name()
+            self.consumed_by_id = current_run_id()
+            persisted, self._persisted = self._persisted, None
+        self._session._claimed(self)
+        return persisted
 
     # ---- releasing ----------------------------------------------------------
     def release(self) -> None:
@@ -233,10 +278,17 @@ class GPUResult:
         self.release()
 
     def _drop(self) -> None:
+        # Let go of the engine's persisted result too: a handle kept by Prefect's
+        # futures or states after use then keeps no engine memory alive.
+        with self._lock:
+            persisted, self._persisted = self._persisted, None
+        if persisted is None:
+            return
         try:
-            self._session.run_if_open(self._persisted.release)
+            self._session.run_if_open(persisted.release)
         except Exception:  # release never raises (cudf-polars: idempotent, no-raise)
             pass
+
 
     def __enter__(self) -> GPUResult:
         """Return the result; :meth:`release` runs on exit."""

@@ -22,3 +22,25 @@ def current_run_name() -> str:
     if flow_ctx is not None and flow_ctx.flow_run is not None:
         return f"flow run {flow_ctx.flow_run.name!r} (id {flow_ctx.flow_run.id})"
     return "code outside any Prefect run"
+
+
+def current_run_id() -> str | None:
+    """
+    Id of the task run or flow run this code runs in.
+
+    Returns
+    -------
+    str or None
+        The task run's id (a UUID as text) inside a task run, else the flow
+        run's, else ``None``. A retried task run keeps its id across attempts,
+        which is how a retry recognises the inputs its earlier attempt read.
+    """
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    task_ctx = TaskRunContext.get()
+    if task_ctx is not None and task_ctx.task_run is not None:
+        return str(task_ctx.task_run.id)
+    flow_ctx = FlowRunContext.get()
+    if flow_ctx is not None and flow_ctx.flow_run is not None:
+        return str(flow_ctx.flow_run.id)
+    return None

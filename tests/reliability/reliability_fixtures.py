@@ -1,0 +1,76 @@
+"""
+Fixtures of the reliability tests: backends, teardown checks, flow-run subprocess environments.
+
+Test modules import them by name (``from reliability_fixtures import ...``): a
+second ``conftest.py`` here would shadow ``tests/conftest.py`` for the modules
+that do ``from conftest import read_run_logs``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine, host_store
+from process_tree import child_pids, pid_alive
+
+
+def _assert_torn_down(session, *, store_before: int, children_before: set[int]) -> None:
+    """
+    The checks every ending must pass.
+
+    The session is closed with no live result, the engine's memory (rmm
+    statistics on GPU backends) was back at its starting figure before shutdown,
+    the engine was shut down on its owner thread, this process holds no new
+    child process, and the cpu backend's host store holds what it held before.
+    """
+    assert session.closed
+    assert session.live_results == ()
+    memory = session.summary()["memory"]  # rmm statistics on GPU backends, host store on cpu
+    assert memory["before_shutdown"] == memory["at_start"], memory
+    assert session.shutdown_thread is not None
+    assert session.shutdown_thread.startswith("cudf-polars-engine-owner"), session.shutdown_thread
+    assert host_store.total_partitions() == store_before
+    leftover = {p for p in child_pids() - children_before if pid_alive(p)}
+    assert not leftover, f"orphaned child processes: {leftover}"
+
+
+@pytest.fixture()
+def torn_down():
+    """
+    ``torn_down(session)`` asserts the teardown checks against this test's starting point.
+
+    The starting point (host store partitions, child processes) is read when
+    the fixture is set up, before the test body runs.
+    """
+    start = {"store_before": host_store.total_partitions(), "children_before": child_pids()}
+
+    def check(session) -> None:
+        _assert_torn_down(session, **start)
+
+    return check
+
+
+@pytest.fixture()
+def subprocess_env() -> dict[str, str]:
+    """Environment for a flow-run subprocess that talks to this test session's Prefect API."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+    }
+
+
+#: The backends every reliability test runs on: ``cpu`` here, ``spmd`` (marked
+#: ``gpu``, one rank on one GPU, cudf-polars' SPMDEngine) on a GPU machine.
+BACKENDS = [pytest.param("cpu", id="cpu"), pytest.param("spmd", id="spmd", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=BACKENDS)
+def engine_block(request) -> CudfPolarsEngine:
+    """An unsaved engine block on each backend (``raise_on_fail=True``)."""
+    return CudfPolarsEngine(backend=request.param, raise_on_fail=True)

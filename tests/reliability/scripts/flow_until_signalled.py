@@ -1,0 +1,84 @@
+"""
+A flow run that holds GPU results and waits to be stopped (run as a file by the teardown tests).
+
+It runs on the backend named by ``PREFECT_CUDF_POLARS_TEST_BACKEND`` (``cpu``
+unless set), produces three results, consumes one, writes
+``<evidence>/ready.json`` (pid, flow run id) and sleeps in the flow body. The
+test then stops it (SIGTERM, or a cancellation through the API). Every line of
+the ``prefect.flow_runs`` logger is also written to ``<evidence>/flow.log``
+synchronously, so the session's end line survives even if the process ends
+before Prefect's API log handler flushes.
+
+Usage: ``python flow_until_signalled.py EVIDENCE_DIR PARQUET_PATH``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+from prefect import flow
+from prefect.context import FlowRunContext
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session, host_store
+from prefect_cudf_polars.tasks import collect, execute
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids.extend(int(p) for p in (task / "children").read_text().split())
+        except FileNotFoundError:  # the thread ended while we looked
+            continue
+    return pids
+
+
+def _log_to(evidence: Path) -> None:
+    handler = logging.FileHandler(evidence / "flow.log")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("prefect.flow_runs").addHandler(handler)
+
+
+#: The backend, from the environment (a worker's flow-run process inherits it).
+BACKEND = os.environ.get("PREFECT_CUDF_POLARS_TEST_BACKEND", "cpu")
+
+
+@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend=BACKEND, raise_on_fail=True)))
+def hold_results(evidence: str, path: str, wait_s: float = 120.0) -> int:
+    """Produce three results, consume one, then wait to be stopped."""
+    _log_to(Path(evidence))
+    kept = [execute(pl.scan_parquet(path), name=f"kept-{i}") for i in range(2)]
+    used = execute(pl.scan_parquet(path), name="used")
+    rows = collect(used).height
+    ctx = FlowRunContext.get()
+    session = get_engine_session()
+    ready = Path(evidence) / "ready.json.partial"
+    ready.write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "flow_run_id": str(ctx.flow_run.id),
+                "rows": rows,
+                "live": [r.state for r in kept],
+                "host_store_partitions": host_store.total_partitions(),
+                "memory_at_start": session.memory["at_start"],
+                "memory_held": session.memory_in_use(),
+                "children": _children(),
+            }
+        )
+    )
+    ready.rename(ready.with_suffix(""))  # appears whole
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+    return rows
+
+
+if __name__ == "__main__":
+    hold_results(sys.argv[1], sys.argv[2])

@@ -1,0 +1,129 @@
+"""
+Load: a flow of 1,000 small GPU tasks keeps host and engine memory flat, and a
+result that Prefect's futures still hold after consumption keeps no engine memory.
+
+Host memory is this process's resident set size (``VmRSS`` in /proc/self/status,
+bytes), read inside the flow run every 100 tasks, next to the engine's memory
+(``session.memory_in_use()``: rmm statistics on the GPU, the host store's bytes
+on ``cpu``); the test prints the figures (run with ``-s`` to see them). The
+``spmd`` case is marked ``gpu`` and gives the device figures on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import polars as pl
+import pytest
+from prefect import flow
+
+from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, get_engine_session, host_store
+from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
+from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
+
+TASKS = 1000
+#: Allowed RSS growth from task 200 to task 1,000 (bytes). Prefect keeps a small
+#: record of every task run of the flow run (states, futures), and each result
+#: keeps its lineage (a few Python objects); engine data itself must not grow.
+FLAT_BYTES = 64 * 2**20
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, in bytes (VmRSS, Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("VmRSS not found")
+
+
+@gpu_task
+def bump(r: GPUResult) -> pl.LazyFrame:
+    return r.lazy().with_columns(pl.col("amount") + 1.0)
+
+
+@pytest.mark.timeout(600)
+def test_a_flow_of_1000_small_tasks_keeps_memory_flat(engine_block, orders):
+    readings: list[tuple[int, int, int, int, int]] = []
+
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
+    def thousand():
+        session = get_engine_session()
+        r = execute(pl.scan_parquet(orders), name="orders")
+        for i in range(1, TASKS):
+            r = bump(r)
+            if (i + 1) % 100 == 0:
+                gc.collect()
+                readings.append(
+                    (i + 1, rss_bytes(), session.memory_in_use(), host_store.total_partitions(),
+                     len(session.live_results))
+                )
+        return collect(r.lazy().select(pl.col("amount").sum()))
+
+    store_before = host_store.total_partitions()
+    total = thousand()
+    expected = pl.read_parquet(orders)["amount"].sum() + (TASKS - 1) * 1000
+    assert total.item() == pytest.approx(expected)
+    print(f"\nbackend={engine_block.backend}\ntasks  rss_MiB  engine_bytes  host_store_partitions  live_results")
+    for tasks, rss, engine, parts, live in readings:
+        print(f"{tasks:5d}  {rss / 2**20:7.1f}  {engine:12d}  {parts:21d}  {live:12d}")
+    expected_parts = store_before + (1 if engine_block.backend == "cpu" else 0)
+    assert all(parts == expected_parts and live == 1 for *_, parts, live in readings)
+    engine_bytes = [engine for _, _, engine, _, _ in readings[1:]]
+    # One live result of the same shape at every reading: the engine's memory is flat.
+    assert max(engine_bytes) - min(engine_bytes) <= 2**20, engine_bytes
+    growth = readings[-1][1] - readings[1][1]
+    print(f"RSS growth from task 200 to task {TASKS}: {growth / 2**20:.1f} MiB")
+    assert growth < FLAT_BYTES, f"host memory grew {growth / 2**20:.1f} MiB over 800 tasks"
+    assert host_store.total_partitions() == store_before
+
+
+def test_results_held_by_futures_after_consumption_keep_no_engine_memory(engine_block, orders):
+    probes = {}
+
+    @gpu_task
+    def heavy(path: str) -> pl.LazyFrame:
+        return pl.scan_parquet(path)
+
+    @gpu_task(collect=True)
+    def rows(r: GPUResult) -> pl.LazyFrame:
+        # Count a real column: cudf-polars refuses a zero-column read of a persisted result.
+        return r.lazy().select(pl.col("id").count())
+
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
+    def held():
+        futures = [heavy.submit(str(orders)) for _ in range(4)]
+        counts = [rows(f) for f in futures]  # consumes each result; the futures still hold them
+        results = [f.result() for f in futures]
+        probes["persisted"] = [r._persisted for r in results]
+        probes["store"] = host_store.total_partitions()
+        session = get_engine_session()
+        probes["engine_memory_back_to_start"] = session.memory_in_use() == session.memory["at_start"]
+        probes["states"] = [r.state for r in results]
+        return counts, futures
+
+    store_before = host_store.total_partitions()
+    counts, futures = held()
+    assert [c.item() for c in counts] == [1000] * 4
+    # The handles are still reachable through the futures, yet they let go of
+    # the engine's persisted results and the store holds nothing for them.
+    assert probes["states"] == ["consumed"] * 4
+    assert probes["persisted"] == [None] * 4
+    assert probes["store"] == store_before
+    assert probes["engine_memory_back_to_start"]  # rmm statistics on the GPU
+    held_results = [f.result() for f in futures]
+    assert all(isinstance(r, GPUResult) for r in held_results)
+
+
+def test_a_consumed_handles_persisted_result_is_garbage_collected(cpu_block, orders):
+    store_before = host_store.total_partitions()
+    with cpu_block.session() as session:
+        r = session.execute(pl.scan_parquet(orders))
+        probe = weakref.ref(r._persisted)
+        assert session.collect(r.lazy()).height == 1000
+        r._drop()  # what the tasks do after the engine call
+        gc.collect()
+        assert probe() is None  # the handle `r` is alive, the engine's result is not
+        assert r.state == "consumed"
+        assert host_store.total_partitions() == store_before

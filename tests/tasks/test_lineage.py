@@ -1,0 +1,62 @@
+"""Lineage: what a result records, when it can be replayed, and the replay itself (cpu backend)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import polars as pl
+import pytest
+
+from prefect_cudf_polars.blocks import host_store
+from prefect_cudf_polars.tasks import CannotRecomputeError, GPUResult
+from prefect_cudf_polars.tasks.lineage import Lineage, map_results, plan_reads_in_process_source
+
+
+def test_map_results_rebuilds_only_what_holds_a_result(cpu_block, orders):
+    Pair = namedtuple("Pair", "left right")
+    plain = (1, [2, {"k": 3}], Pair(1, 2))
+    assert map_results(plain, lambda r: r) is plain
+    with cpu_block.session() as session:
+        r = session.execute(pl.scan_parquet(orders))
+        swapped = map_results((r, [r], {"x": Pair(r, 1)}), lambda _: "fresh")
+        assert swapped == ("fresh", ["fresh"], {"x": Pair("fresh", 1)})
+        assert isinstance(swapped[2]["x"], Pair)
+
+
+def test_in_process_sources_are_found_in_a_plan(cpu_block, orders):
+    assert not plan_reads_in_process_source(pl.scan_parquet(orders).filter(pl.col("id") > 3))
+    assert not plan_reads_in_process_source(pl.LazyFrame({"a": [1]}))
+    with cpu_block.session() as session:
+        r = session.execute(pl.scan_parquet(orders))
+        lf = r.lazy().join(pl.scan_parquet(orders), on="id")
+        assert plan_reads_in_process_source(lf)
+
+
+def test_results_record_their_lineage_and_replay_it(cpu_block, orders):
+    before = host_store.total_partitions()
+
+    def step(r: GPUResult, limit: float) -> pl.LazyFrame:
+        return r.lazy().filter(pl.col("amount") > limit)
+
+    with cpu_block.session() as session:
+        base = session.execute(pl.scan_parquet(orders), name="base")
+        assert base.lineage.label == "execute(LazyFrame)" and base.lineage.unreplayable_reason() is None
+        lineage = Lineage(step, (base,), {"limit": 90.0}, label="gpu_task 'step'")
+        first = session.execute(step(base, limit=90.0), lineage=lineage)
+        again = first.lineage.replay(session, name="again")
+        assert again.lineage is lineage and again.state == "live"
+        assert session.collect(again.lazy()).equals(session.collect(first.lazy()))
+        assert base.state == "consumed"  # the replay read a fresh base, never this one
+    assert host_store.total_partitions() == before
+
+
+def test_a_query_built_from_a_results_frame_is_not_replayable(cpu_block, orders):
+    with cpu_block.session() as session:
+        base = session.execute(pl.scan_parquet(orders))
+        derived = session.execute(base.lazy().head(3))
+        reason = derived.lineage.unreplayable_reason()
+        assert "GPUResult's .lazy() frame built outside a GPU task" in reason
+        with pytest.raises(CannotRecomputeError, match="Cannot recompute 'x'") as info:
+            derived.lineage.replay(session, name="x")
+        assert info.value.reason == reason
+        assert derived.state == "live"
