@@ -228,19 +228,6 @@ def create_flow_run_artifact(
     For the session summary: a task runner closes its session after the flow
     run's context is gone, so the run is named explicitly.
     """
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import ArtifactCreate
-
-    try:
-        with get_client(sync_client=True) as client:
-            client.create_artifact(
-                artifact=ArtifactCreate(
-                    key=key,
-                    type="markdown",
-                    data=markdown,
-                    description=description,
-                    flow_run_id=flow_run_id,
-                )
-            )
-    except Exception as exc:  # pragma: no cover - depends on the API being down
-        logger.warning("Could not create the artifact %r: %s", key, exc)
+    create_artifact_for(
+        markdown, description=description, flow_run_id=flow_run_id, task_run_id=None, key=key
+    )

@@ -70,11 +70,7 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     session = get_engine_session()
     result.check_readable()
     if n > 1:
-        reason = (
-            "it has no recorded lineage"
-            if result.lineage is None
-            else result.lineage.unreplayable_reason()
-        )
+        reason = result.replay_problem
         if reason is not None:
             raise CannotRecomputeError(
                 f"Cannot split GPUResult {result.name!r} (id {result.id}) into {n}: "

@@ -147,6 +147,13 @@ class GPUResult:
         return self._state
 
     @property
+    def replay_problem(self) -> str | None:
+        """Why this result cannot be produced again from its lineage, or ``None`` when it can."""
+        if self.lineage is None:
+            return "it has no recorded lineage"
+        return self.lineage.unreplayable_reason()
+
+    @property
     def partitions(self) -> int:
         """Number of partitions (one per rank in ``ranks``)."""
         return len(self.ranks)

@@ -64,11 +64,7 @@ def recompute_for_retry(
     def swap(result: GPUResult) -> GPUResult:
         if result.state != "consumed" or result.consumed_by_id != run_id:
             return result
-        reason = (
-            "it has no recorded lineage"
-            if result.lineage is None
-            else result.lineage.unreplayable_reason()
-        )
+        reason = result.replay_problem
         if reason is not None:
             raise CannotRecomputeError(
                 f"GPUResult {result.name!r} (id {result.id}) was consumed by an earlier "
