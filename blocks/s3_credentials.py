@@ -225,7 +225,8 @@ def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
         )
     verify = params.verify is not False
     explicit = credentials.aws_access_key_id and credentials.aws_secret_access_key
-    if explicit and not credentials.assume_role_arn:
+    # assume_role_arn arrived in prefect-aws 0.7 (the floor in pyproject); read it defensively.
+    if explicit and not getattr(credentials, "assume_role_arn", None):
         assert credentials.aws_secret_access_key is not None
         return S3Access(
             access_key_id=SecretStr(credentials.aws_access_key_id or ""),
