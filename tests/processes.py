@@ -7,10 +7,18 @@ import time
 import psutil
 
 
-def child_pids() -> set[int]:
-    """Our child processes, less multiprocessing's resource tracker (it ends with this process)."""
+def child_pids(pid: int | None = None) -> set[int]:
+    """
+    Descendants of ``pid`` (default: this process), less multiprocessing's resource tracker.
+
+    The tracker ends with the process that started it, so it is never an orphan.
+    """
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
     pids = set()
-    for p in psutil.Process().children(recursive=True):
+    for p in children:
         try:
             if "resource_tracker" not in " ".join(p.cmdline()):
                 pids.add(p.pid)
@@ -19,19 +27,20 @@ def child_pids() -> set[int]:
     return pids
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def wait_gone(pids: set[int], timeout: float = 30.0) -> set[int]:
     """Wait up to ``timeout`` seconds for ``pids`` to exit; return those still alive."""
     deadline = time.monotonic() + timeout
 
     def alive() -> set[int]:
-        left = set()
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    left.add(pid)
-            except psutil.NoSuchProcess:
-                continue
-        return left
+        return {pid for pid in pids if pid_alive(pid)}
 
     left = alive()
     while left and time.monotonic() < deadline:

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, host_store
-from process_tree import child_pids, pid_alive
+from processes import child_pids, pid_alive
 
 
 def _assert_torn_down(session, *, store_before: int, children_before: set[int]) -> None:

@@ -29,7 +29,7 @@ from prefect_cudf_polars.blocks import (
     host_store,
 )
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
-from process_tree import child_pids, pid_alive
+from processes import child_pids, pid_alive
 from reliability_fixtures import engine_block, torn_down, subprocess_env  # noqa: F401 (pytest fixtures)
 
 SCRIPTS = Path(__file__).parent / "scripts"
