@@ -235,14 +235,7 @@ class GPUResult:
         ResultReleasedError, ResultConsumedError, WrongEngineError
             See :meth:`check_readable`.
         """
-        with self._lock:
-            self.check_readable()
-            self._state = "consumed"
-            self.consumed_by = current_run_name()
-            self.consumed_by_id = current_run_id()
-            persisted = self._persisted
-        self._session._claimed(self)
-        return persisted.lazy()
+        return self._claim(hand_over=False).lazy()
 
     def _claim_for_copy(self) -> Any:
         """
@@ -256,12 +249,18 @@ class GPUResult:
         ResultReleasedError, ResultConsumedError, WrongEngineError
             See :meth:`check_readable`.
         """
+        return self._claim(hand_over=True)
+
+    def _claim(self, *, hand_over: bool) -> Any:
+        """Check, mark consumed by the current run, tell the session; return the persisted result."""
         with self._lock:
             self.check_readable()
             self._state = "consumed"
             self.consumed_by = current_run_name()
             self.consumed_by_id = current_run_id()
-            persisted, self._persisted = self._persisted, None
+            persisted = self._persisted
+            if hand_over:
+                self._persisted = None
         self._session._claimed(self)
         return persisted
 
