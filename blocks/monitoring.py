@@ -47,17 +47,6 @@ def current_task_run_id() -> Any:
     return ctx.task_run.id if ctx is not None and ctx.task_run is not None else None
 
 
-def dashboard_link(running: Any) -> str | None:
-    """The Dask dashboard link of a ``dask`` backend's cluster, else ``None``."""
-    engine = getattr(running, "engine", None)
-    context = getattr(engine, "_dask_context", None)
-    client = getattr(context, "client", None)
-    try:
-        return str(client.dashboard_link) if client is not None else None
-    except Exception:
-        return None
-
-
 class SessionMonitor:
     """
     Events and artifacts of one :class:`~prefect_cudf_polars.blocks.EngineSession`.
@@ -220,7 +209,8 @@ class SessionMonitor:
 
     def _ended(self, summary: dict[str, Any]) -> None:
         self.flush()
-        dashboard = self.session.description.get("dashboard") or dashboard_link(self.session._running)
+        # The dask backend records its dashboard link when it starts (blocks/dask.py).
+        dashboard = self.session.description.get("dashboard")
         summary = {**summary, "peak_memory_per_rank": dict(self.peak_memory_per_rank)}
         if self.flow_run_id is not None:
             artifacts.create_flow_run_artifact(
@@ -240,11 +230,11 @@ class SessionMonitor:
     # ---- memory per rank -----------------------------------------------------------
     def _note_rank_memory(self, memory_after: int | None) -> None:
         running = self.session._running
-        if getattr(running, "backend", None) == "spmd" or getattr(running, "memory_per_rank", None) is None:
-            # One rank in this process (or no per-rank reading): the session's reading is rank 0's.
-            readings = [memory_after] if getattr(running, "memory_per_rank", None) else []
-        else:
-            readings = self.session.run(running.memory_per_rank)
+        per_rank = getattr(running, "memory_per_rank", None)
+        if per_rank is None:
+            return  # the cpu backend: no ranks to read
+        # spmd runs its one rank in this process: the session's reading is rank 0's.
+        readings = [memory_after] if running.backend == "spmd" else self.session.run(per_rank)
         for rank, value in enumerate(readings):
             if value is not None and value > self.peak_memory_per_rank.get(rank, -1):
                 self.peak_memory_per_rank[rank] = value

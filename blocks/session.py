@@ -544,6 +544,13 @@ class EngineSession:
             versions,
             self.timings.get("engine_start_s", 0.0),
         )
+        if d.get("cluster") or d.get("dashboard"):
+            self._log(
+                logging.INFO,
+                "cudf-polars cluster: %s; dashboard %s",
+                d.get("cluster", "?"),
+                d.get("dashboard") or "none",
+            )
         if self.fallback_warning:
             self._log(logging.WARNING, "%s", self.fallback_warning)
 
