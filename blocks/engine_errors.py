@@ -35,7 +35,7 @@ DEVICE_MEMORY_MESSAGE = (
 )
 
 
-def _walk(exc: BaseException) -> Iterator[BaseException]:
+def iter_exceptions(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     stack = [exc]
     while stack:
@@ -65,10 +65,10 @@ def translate_engine_error(exc: BaseException) -> BaseException:
     """
     if isinstance(exc, DeviceMemoryError):
         return exc
-    for e in _walk(exc):
+    for e in iter_exceptions(exc):
         if isinstance(e, MemoryError) or any(m in str(e) for m in _OUT_OF_MEMORY):
             return DeviceMemoryError(DEVICE_MEMORY_MESSAGE.format(hint=str(e) or type(e).__name__))
-    if any(_CONSUMED in str(e) for e in _walk(exc)):
+    if any(_CONSUMED in str(e) for e in iter_exceptions(exc)):
         return ResultConsumedError(
             "The query reads a GPU result that was already consumed: results are "
             "read once (cudf-polars moves each partition out on read), so a query "

@@ -11,11 +11,16 @@ from prefect_cudf_polars.tasks.result import GPUResult
 
 
 def iter_gpu_results(obj: Any, _depth: int = 0) -> Iterator[GPUResult]:
-    """Every :class:`GPUResult` in ``obj`` and the lists, tuples, sets and dicts inside it."""
+    """
+    Every :class:`GPUResult` in ``obj`` and the lists, tuples, sets and dicts inside it.
+
+    Dict keys are searched too (a GPUResult is hashable). Containers are
+    searched 20 levels deep at most.
+    """
     if isinstance(obj, GPUResult):
         yield obj
     elif _depth < 20 and isinstance(obj, Mapping):
-        for value in obj.values():
+        for value in (*obj.keys(), *obj.values()):
             yield from iter_gpu_results(value, _depth + 1)
     elif _depth < 20 and isinstance(obj, (list, tuple, set, frozenset)):
         for value in obj:

@@ -11,41 +11,16 @@ also log their own warning (:mod:`prefect_cudf_polars.tasks.task_defaults`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from prefect.serializers import PickleSerializer, Serializer
 
 from prefect_cudf_polars.tasks.errors import HostPersistenceError
-from prefect_cudf_polars.tasks.result import PICKLE_MESSAGE, GPUResult
+from prefect_cudf_polars.tasks.query_inputs import iter_gpu_results
+from prefect_cudf_polars.tasks.result import PICKLE_MESSAGE
 
 #: Prefix of host values this serializer writes (anything without it is refused on load).
 HOST_HEADER = b"prefect-cudf-polars:host:"
-
-
-def find_gpu_result(obj: Any, _depth: int = 0) -> GPUResult | None:
-    """
-    Find a :class:`GPUResult` in ``obj`` or in lists, tuples, sets and dicts inside it.
-
-    Returns
-    -------
-    GPUResult or None
-        The first one found (searching 20 levels deep at most).
-    """
-    if isinstance(obj, GPUResult):
-        return obj
-    if _depth >= 20:
-        return None
-    if isinstance(obj, Mapping):
-        items: Any = list(obj.keys()) + list(obj.values())
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        items = obj
-    else:
-        return None
-    for item in items:
-        if (found := find_gpu_result(item, _depth + 1)) is not None:
-            return found
-    return None
 
 
 class GPUResultSerializer(Serializer):
@@ -73,7 +48,7 @@ class GPUResultSerializer(Serializer):
         HostPersistenceError
             If ``obj`` is or contains a :class:`GPUResult`.
         """
-        if (found := find_gpu_result(obj)) is not None:
+        if (found := next(iter_gpu_results(obj), None)) is not None:
             raise HostPersistenceError(
                 PICKLE_MESSAGE.format(name=found.name, id=found.id),
                 result_id=found.id,

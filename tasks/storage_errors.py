@@ -195,10 +195,10 @@ def explain_engine_error(
     S3AccessError or None
         ``None`` when ``exc`` does not look like an S3 failure (re-raise it as is).
     """
-    from prefect_cudf_polars.blocks.engine_errors import _walk
+    from prefect_cudf_polars.blocks.engine_errors import iter_exceptions
 
     # cudf-polars wraps rank errors in ExceptionGroups, whose str() omits the inner ones.
-    text = " | ".join(f"{type(e).__name__}: {e}" for e in _walk(exc))
+    text = " | ".join(f"{type(e).__name__}: {e}" for e in iter_exceptions(exc))
     lowered = text.lower()
     if not any(
         marker in lowered
