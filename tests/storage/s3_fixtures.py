@@ -1,5 +1,11 @@
 """
-A real S3 server for the storage tests: moto's ``ThreadedMotoServer`` on 127.0.0.1.
+A real S3 server for the storage tests: moto's server (``python -m moto.server``) on
+127.0.0.1, in a process of its own.
+
+Its own process, not ``ThreadedMotoServer`` in the test process: on the H200 a
+GPU read of ``s3://`` through KvikIO held the GIL while it waited for the
+server's answer, so an in-process server thread could never answer and the test
+hung (seen 2026-11-30; pytest-timeout's thread method could not fire either).
 
 Test modules import the fixtures (``from s3_fixtures import moto_s3, bucket, ...``):
 a ``conftest.py`` here would shadow ``tests/conftest.py``'s ``from conftest import``.
@@ -17,6 +23,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import socket
+import subprocess
+import sys
+import time
 import uuid
 
 import polars as pl
@@ -80,33 +90,61 @@ def _user(iam, name: str, policy: dict) -> tuple[str, str]:
     return key["AccessKeyId"], key["SecretAccessKey"]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_server() -> tuple[subprocess.Popen, str]:
+    """Start ``python -m moto.server`` on a free port; return it once it answers (30 s at most)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"moto server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            requests.get(f"{endpoint}/moto-api/data.json", timeout=2)
+            return proc, endpoint
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"moto server did not answer on {endpoint} within 30 s")
+
+
 @pytest.fixture(scope="module")
 def moto_s3():
-    """moto's S3 server on 127.0.0.1 (a free port), enforcing credentials."""
+    """moto's S3 server on 127.0.0.1 (a free port, its own process), enforcing credentials."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    # Six unauthenticated IAM calls make the two users; every later request is checked.
-    requests.post(f"{endpoint}/moto-api/reset-auth", data=b"6", timeout=10).raise_for_status()
-    iam = boto3.session.Session().client(
-        "iam",
-        endpoint_url=endpoint,
-        aws_access_key_id="bootstrap",
-        aws_secret_access_key="bootstrap",
-        region_name="us-east-1",
-    )
-    # moto's backends are process-wide: names must be new for each server.
-    suffix = uuid.uuid4().hex[:8]
-    key_id, secret = _user(iam, f"etl-{suffix}", FULL_POLICY)
-    reader_id, reader_secret = _user(iam, f"reader-{suffix}", READ_ONLY_POLICY)
+    proc, endpoint = _start_server()
     try:
+        # Six unauthenticated IAM calls make the two users; every later request is checked.
+        requests.post(f"{endpoint}/moto-api/reset-auth", data=b"6", timeout=10).raise_for_status()
+        iam = boto3.session.Session().client(
+            "iam",
+            endpoint_url=endpoint,
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+            region_name="us-east-1",
+        )
+        suffix = uuid.uuid4().hex[:8]
+        key_id, secret = _user(iam, f"etl-{suffix}", FULL_POLICY)
+        reader_id, reader_secret = _user(iam, f"reader-{suffix}", READ_ONLY_POLICY)
         yield MotoS3(endpoint, key_id, secret, reader_id, reader_secret)
     finally:
-        server.stop()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture()
