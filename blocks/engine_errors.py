@@ -14,11 +14,26 @@ names its own knobs (``target_partition_size``, ``RAPIDSMPF_SPILL_DEVICE_LIMIT``
 surface in other exceptions' text. All become
 :class:`~prefect_cudf_polars.tasks.errors.DeviceMemoryError`, naming the block
 fields to change, with cudf-polars' hint kept at the end.
+
+cudf-polars runs a query as a network of actors and reports an actor's failure
+inside an ``ExceptionGroup('unhandled errors in a TaskGroup', [...])`` (seen on
+the H200 for a parquet file deleted before a re-scan). When the group holds one
+error, that error is raised instead, so the task run shows
+``FileNotFoundError: ...`` rather than "1 sub-exception".
+
+A failed engine call's traceback frames hold the actors' local variables,
+device buffers among them (a failed query's partial chunks). Prefect keeps a
+failed task run's exception in its state until the flow run ends, and device
+buffers freed after the engine has shut down would outlive their allocator, so
+the frames' local variables are cleared (:func:`traceback.clear_frames`; the
+traceback's file and line records stay printable).
 """
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator
+from typing import NoReturn
 
 from prefect_cudf_polars.tasks.errors import DeviceMemoryError, ResultConsumedError
 
@@ -36,6 +51,7 @@ DEVICE_MEMORY_MESSAGE = (
 
 
 def iter_exceptions(exc: BaseException) -> Iterator[BaseException]:
+    """Yield ``exc`` and every exception inside it (group members, causes, contexts), once each."""
     seen: set[int] = set()
     stack = [exc]
     while stack:
@@ -51,6 +67,48 @@ def iter_exceptions(exc: BaseException) -> Iterator[BaseException]:
                 stack.append(nxt)
 
 
+def _single_leaf(exc: BaseException) -> BaseException | None:
+    """The one non-group exception inside a group ``exc``, or ``None`` if it holds several."""
+    leaves = []
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+        else:
+            leaves.append(e)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def drop_frame_locals(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames in the tracebacks of ``exc`` and everything inside it."""
+    for e in iter_exceptions(exc):
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+
+
+def raise_engine_error(exc: BaseException) -> NoReturn:
+    """
+    Raise what an engine call that failed with ``exc`` should raise.
+
+    Clears the failed call's frame locals (:func:`drop_frame_locals`), then
+    raises :func:`translate_engine_error`'s error: ``exc`` itself, a single
+    error unwrapped from cudf-polars' group, or ours chained ``from exc``.
+
+    Raises
+    ------
+    BaseException
+        Always; see :func:`translate_engine_error`.
+    """
+    drop_frame_locals(exc)
+    translated = translate_engine_error(exc)
+    if translated is exc:
+        raise exc
+    if translated in set(iter_exceptions(exc)):
+        raise translated from None  # unwrapped: the group adds nothing but its wrapper
+    raise translated from exc
+
+
 def translate_engine_error(exc: BaseException) -> BaseException:
     """
     Return the error to raise for ``exc`` from an engine call.
@@ -60,7 +118,8 @@ def translate_engine_error(exc: BaseException) -> BaseException:
     BaseException
         A :class:`ResultConsumedError` when ``exc`` says a persisted result was
         read twice (for example a self-join on one result); a
-        :class:`DeviceMemoryError` when it says device memory ran out; ``exc``
+        :class:`DeviceMemoryError` when it says device memory ran out; the
+        single error inside ``exc`` when ``exc`` is a group of one; ``exc``
         itself otherwise.
     """
     if isinstance(exc, DeviceMemoryError):
@@ -77,4 +136,6 @@ def translate_engine_error(exc: BaseException) -> BaseException:
             "`tee(result, 2)` (prefect_cudf_polars.tasks.tee), or run the producing "
             "task again for a fresh result."
         )
+    if isinstance(exc, BaseExceptionGroup) and (leaf := _single_leaf(exc)) is not None:
+        return leaf
     return exc

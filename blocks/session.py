@@ -47,7 +47,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks import gpu_probe
 from prefect_cudf_polars.blocks.backend import RunningEngine
-from prefect_cudf_polars.blocks.engine_errors import translate_engine_error
+from prefect_cudf_polars.blocks.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.monitoring import SessionMonitor
 from prefect_cudf_polars.tasks.errors import NoGPUError, SessionError
 from prefect_cudf_polars.tasks.lineage import Lineage
@@ -424,10 +424,7 @@ class EngineSession:
         try:
             persisted = self.run(running.execute, lf)
         except BaseException as exc:
-            translated = translate_engine_error(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+            raise_engine_error(exc)
         seconds = time.perf_counter() - started
         return self._register(
             persisted,
@@ -478,10 +475,7 @@ class EngineSession:
         try:
             df = self.run(running.collect, lf)
         except BaseException as exc:
-            translated = translate_engine_error(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+            raise_engine_error(exc)
         self._note_memory()
         return df
 
