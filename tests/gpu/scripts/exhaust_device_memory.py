@@ -32,6 +32,13 @@ def limited(self: CudfPolarsEngine) -> dict:
     }
 
 
+def live_columns() -> int:
+    """cudf-polars Column objects alive in this process (device data a Python object holds)."""
+    from cudf_polars.containers import Column
+
+    return sum(isinstance(o, Column) for o in gc.get_objects())
+
+
 def main() -> dict:
     CudfPolarsEngine.memory_resource_config = limited  # type: ignore[method-assign]
     out: dict = {"limit": LIMIT}
@@ -45,18 +52,22 @@ def main() -> dict:
         out["at_start"] = session.memory_in_use()
         kept = session.execute(pl.LazyFrame({"k": [1, 2, 3]}), name="kept")
         big = pl.LazyFrame({"x": np.arange(ROWS, dtype=np.float64)}).with_columns(y=pl.col("x") * 2)
-        try:
-            session.execute(big, name="too big")
-            out["raised"] = None
-        except DeviceMemoryError as exc:
-            out["raised"] = "DeviceMemoryError"
-            out["is_memory_error"] = isinstance(exc, MemoryError)
-            out["message"] = str(exc)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            out["raised"] = type(exc).__name__
-            out["message"] = str(exc)[:4000]
-        gc.collect()
-        out["after_error"] = session.memory_in_use()
+        for attempt in (1, 2):  # twice: whatever a failure leaves behind must not grow
+            try:
+                session.execute(big, name="too big")
+                out["raised"] = None
+            except DeviceMemoryError as exc:
+                out["raised"] = "DeviceMemoryError"
+                out["is_memory_error"] = isinstance(exc, MemoryError)
+                out["message"] = str(exc)
+                out[f"held_with_error_{attempt}"] = session.memory_in_use()  # the error still alive
+            except BaseException as exc:  # noqa: BLE001 - reported to the test
+                out["raised"] = type(exc).__name__
+                out["message"] = str(exc)[:4000]
+            gc.collect()
+            out[f"after_error_{attempt}"] = session.memory_in_use()
+            out[f"live_cudf_columns_{attempt}"] = live_columns()
+        out["after_error"] = out["after_error_2"]
         out["live_after_error"] = [r.name for r in session.live_results]
         out["kept_rows"] = session.collect(kept.lazy()).height
         out["small_query_rows"] = session.collect(pl.LazyFrame({"a": list(range(10))})).height
