@@ -8,10 +8,17 @@ cudf-polars' default (1.5 GB on an H200) keeps such data in one partition on ran
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
-from processes import child_pids, wait_gone
+from processes import child_pids, spawn, start_dask_scheduler, stop, wait_gone, wait_until
 from polars.testing import assert_frame_equal
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, gpu_probe
@@ -24,6 +31,11 @@ pytestmark = [
 
 ROWS = 20_000_000
 SMALL_PARTITIONS = 16_000_000
+#: The process the SIGKILL test kills: a dask session on the external cluster, holding a result.
+HOLDER = Path(__file__).parents[1] / "blocks" / "scripts" / "gpu_session_holder.py"
+#: Seconds from SIGKILL of that process to its state gone from every worker (the lease's
+#: bound; the CPU test, tests/blocks/test_dask_lease.py, measures ~0.02 s).
+LEASE_BOUND_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +105,90 @@ def test_external_cluster_stays_up_and_holds_none_of_our_results(data):
         assert len(ours.scheduler_info()["workers"]) == GPUS
         assert ours.submit(sum, [1, 2]).result(timeout=60) == 3
         assert session.memory["before_shutdown"] == session.memory["at_start"]
+
+
+@pytest.mark.timeout(600)
+def test_external_cluster_drops_a_sigkilled_sessions_results(data, tmp_path):
+    """
+    SIGKILL a process holding results on an external cluster: the lease frees every worker.
+
+    Not run on a GPU yet (written on a machine without one).
+    """
+    from distributed import Client
+
+    def worker_state(dask_worker=None) -> dict:
+        from cudf_polars.engine import rank_local_store
+
+        from prefect_cudf_polars.blocks.device_memory import rank_allocated_bytes
+
+        return {
+            "stores": sorted(rank_local_store._stores),
+            "contexts": [a for a in dir(dask_worker) if a.startswith("_cudf_polars_mp_context_")],
+            "rmm": rank_allocated_bytes(),
+        }
+
+    def leases(dask_scheduler=None) -> list[str]:
+        return [n for n in dask_scheduler.plugins if n.startswith("prefect-cudf-polars-lease-")]
+
+    before = child_pids()
+    scheduler, address = start_dask_scheduler(tmp_path)
+    procs = [scheduler]
+    try:
+        procs.append(spawn(
+            [sys.executable, "-m", "dask", "cuda", "worker", address, "--host", "127.0.0.1",
+             "--no-dashboard"],
+            tmp_path / "workers.log",
+        ))
+        with Client(address, timeout=60) as ours:
+            ours.wait_for_workers(GPUS, timeout=180)
+            # A session closed normally first: it must leave no state and no lease, and it
+            # leaves cudf-polars' tracking rmm adaptor current, so the figures are readable.
+            block = CudfPolarsEngine(
+                backend="dask", dask_scheduler_address=address, target_partition_size=SMALL_PARTITIONS
+            )
+            with block.session() as session:
+                assert "external" in session.description["cluster"]
+                session.collect(_query(data).select(pl.len()))
+                assert len(ours.run_on_scheduler(leases)) == 1
+            assert ours.run_on_scheduler(leases) == []
+            start = ours.run(worker_state)
+            assert all(s["contexts"] == [] for s in start.values()), start
+
+            out = tmp_path / "holder.out"
+            child = spawn([sys.executable, str(HOLDER), address, data, str(SMALL_PARTITIONS)], out)
+            try:
+                wait_until(lambda: "READY " in out.read_text() or child.poll() is not None, 300, "READY")
+                assert child.poll() is None, out.read_text()[-3000:]
+                ready = json.loads(out.read_text().split("READY ", 1)[1].splitlines()[0])
+                print(json.dumps(ready))
+                assert ready["ranks"] == list(range(GPUS)) and "external" in ready["cluster"]
+                uid = ready["uid"]
+                held = ours.run(worker_state)
+                assert all(uid in h["stores"] for h in held.values()), held
+                assert ours.run_on_scheduler(leases) == [f"prefect-cudf-polars-lease-{uid}"]
+
+                os.kill(child.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                child.wait(timeout=30)
+
+                def dropped() -> bool:
+                    return all(
+                        uid not in s["stores"] and s["contexts"] == []
+                        for s in ours.run(worker_state).values()
+                    )
+
+                wait_until(dropped, LEASE_BOUND_S, "the killed session's state dropped on every worker")
+                seconds = time.monotonic() - killed
+            finally:
+                stop([child], timeout=0)
+            print(f"SIGKILL to state gone on {GPUS} GPU workers: {seconds:.3f} s (bound {LEASE_BOUND_S} s)")
+            after = ours.run(worker_state)
+            for worker, figures in start.items():
+                if figures["rmm"] is not None:
+                    assert after[worker]["rmm"] == figures["rmm"], (worker, start, held, after)
+            wait_until(lambda: ours.run_on_scheduler(leases) == [], 5, "the lease removed itself")
+            assert len(ours.scheduler_info()["workers"]) == GPUS
+            assert ours.submit(sum, [1, 2]).result(timeout=60) == 3
+    finally:
+        stop(procs)
+    assert wait_gone(child_pids() - before) == set(), "cluster processes left behind"
