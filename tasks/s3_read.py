@@ -31,7 +31,7 @@ from prefect import task
 from prefect_cudf_polars.blocks.s3_credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.result import GPUResult
 from prefect_cudf_polars.tasks.s3_location import check_readable, is_s3_url, parse_s3_url
-from prefect_cudf_polars.tasks.storage_errors import explain_engine_error
+from prefect_cudf_polars.tasks.storage_errors import S3AccessError, explain_engine_error
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 if TYPE_CHECKING:
@@ -108,7 +108,9 @@ def run_reading_s3(
     Raises
     ------
     S3AccessError
-        When the engine's reader was refused or found nothing.
+        When the engine's reader was refused or found nothing; when the GPU
+        reader's error does not say why, the reason is the server's answer to
+        a listing with the same credentials (:func:`is_remote_read_failure`).
     """
     from prefect_cudf_polars.blocks.aws_environment import run_with_aws_environment
 
@@ -121,9 +123,56 @@ def run_reading_s3(
         translated = explain_engine_error(
             exc, url=url, bucket=location.bucket, access=access, doing="read parquet from"
         )
+        if translated is None and is_remote_read_failure(exc):
+            translated = _ask_the_server(location, access, exc)
         if translated is None:
             raise
         raise translated from None
+
+
+def is_remote_read_failure(exc: BaseException) -> bool:
+    """
+    Whether ``exc`` is libcudf's failure to open a remote file through KvikIO.
+
+    Seen on the H200 (cudf-polars 26.10, KvikIO): with keys the server refuses,
+    the GPU read fails with ``RuntimeError('CUDF failure at: .../datasource.cpp:430:
+    Error accessing the remote file. Reason: KvikIO detects an URL error at:
+    .../url.cpp:114: Unsupported URL scheme')``: the server's answer is not in it.
+    """
+    from prefect_cudf_polars.blocks.engine_errors import iter_exceptions
+
+    return any("error accessing the remote file" in str(e).lower() for e in iter_exceptions(exc))
+
+
+def _ask_the_server(location: Any, access: S3Access, exc: BaseException) -> S3AccessError:
+    """
+    Explain a GPU read failure that does not quote the server: ask the server with boto3.
+
+    Lists the URL's prefix with the same credentials (:func:`check_readable`);
+    its answer (refused keys, no permission, no bucket, no object) becomes the
+    error. If the server answers the listing, the error quotes the engine's
+    message (secrets scrubbed) with ``reason="failed"``.
+    """
+    from prefect_cudf_polars.blocks.s3_credentials import scrub
+
+    try:
+        check_readable(location, access)
+    except S3AccessError as answer:
+        return S3AccessError(
+            f"{answer} (The GPU reader, KvikIO, reported only: "
+            f"{scrub((str(exc).strip().splitlines() or [type(exc).__name__])[-1], access)})",
+            url=answer.url,
+            reason=answer.reason,
+        )
+    return S3AccessError(
+        f"Could not read parquet from {location.url} on the GPU: the reader (libcudf "
+        f"through KvikIO) failed with {type(exc).__name__}: {scrub(str(exc), access)} "
+        f"although {access.describe()} lists the objects with the same credentials. Check "
+        "that AWS_* variables of this process do not override the block, and that the "
+        "objects are parquet files.",
+        url=location.url,
+        reason="failed",
+    )
 
 
 @task(name="cudf-polars-read-parquet", **gpu_task_defaults())

@@ -153,3 +153,37 @@ def test_gpu_style_scan_reads_with_the_environment_only(moto_s3, bucket, upload,
     with aws_environment(access.environment()):
         got = lf.collect()
     assert_frame_equal(got, trips_df)
+
+
+#: The GPU reader's whole message for refused keys (seen on the H200, cudf-polars 26.10).
+KVIKIO_REFUSED = (
+    "CUDF failure at: /__w/cudf/cudf/cpp/src/io/utilities/datasource.cpp:430: Error accessing "
+    "the remote file. Reason: KvikIO detects an URL error at: "
+    "/__w/kvikio/kvikio/cpp/src/detail/url.cpp:114: Unsupported URL scheme"
+)
+
+
+def _fails_like_the_gpu_reader() -> None:
+    raise RuntimeError(KVIKIO_REFUSED)
+
+
+@pytest.mark.parametrize(
+    ("keys", "path", "reason"),
+    [("wrong", "t.parquet", "credentials"), ("right", "gone.parquet", "not-found"),
+     ("right", "t.parquet", "failed")],
+)
+def test_a_gpu_read_error_without_the_servers_answer_is_explained_by_asking_it(
+    cpu_block, moto_s3, bucket, upload, trips_df, keys, path, reason
+):
+    from prefect_cudf_polars.tasks.s3_read import run_reading_s3
+
+    upload(bucket, "t.parquet", trips_df)
+    wrong = "WRONG/secret+value-abcdef"
+    creds = moto_s3.credentials(secret=wrong) if keys == "wrong" else moto_s3.credentials()
+    access = resolve_s3_access(creds)
+    url = f"s3://{bucket}/{path}"
+    with cpu_block.session() as session, pytest.raises(S3AccessError) as info:
+        run_reading_s3(session, access, _fails_like_the_gpu_reader, url=url)
+    assert info.value.reason == reason and info.value.url == url
+    assert "Unsupported URL scheme" in str(info.value)  # the engine's words are kept
+    assert wrong not in str(info.value) and moto_s3.secret_access_key not in str(info.value)
