@@ -58,11 +58,13 @@ def cudf_polars_alone(orders: Path, steps: int) -> list[int]:
     from cudf_polars.engine.spmd import SPMDEngine
 
     from prefect_cudf_polars.blocks.device_memory import rank_allocated_bytes
-    from prefect_cudf_polars.blocks.streaming_options import silence_unstable_warning
+    from prefect_cudf_polars.blocks import CudfPolarsEngine
+    from prefect_cudf_polars.blocks.streaming_options import engine_kwargs, silence_unstable_warning
 
     silence_unstable_warning()
     figures = []
-    with SPMDEngine(raise_on_fail=True) as engine:
+    block = CudfPolarsEngine(backend="spmd", raise_on_fail=True)
+    with SPMDEngine(**engine_kwargs(block)) as engine:
         start = rank_allocated_bytes()
         r = engine.execute(pl.scan_parquet(orders))
         for i in range(1, steps):
