@@ -1,9 +1,8 @@
 """
 The ``dask`` backend on every visible GPU (2 on the lent ``nvidia-h200-x2``, any N >= 2).
 
-Skipped without a GPU (conftest) and with fewer than two GPUs (here).
-``target_partition_size`` is set low (16 MB) so 20M rows spread over all ranks;
-cudf-polars' default (1.5 GB on an H200) keeps such data in one partition on rank 0.
+Skipped without a GPU (conftest) and with fewer than two GPUs (here). The data
+and queries are in ``spread_data.py`` (shared with the Ray tests).
 """
 
 from __future__ import annotations
@@ -15,13 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 from processes import child_pids, spawn, start_dask_scheduler, stop, wait_gone, wait_until
-from polars.testing import assert_frame_equal
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, gpu_probe
+from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
 
 GPUS = gpu_probe.count_gpus()[0]
 pytestmark = [
@@ -29,33 +27,11 @@ pytestmark = [
     pytest.mark.skipif(GPUS < 2, reason="needs two GPUs or more"),
 ]
 
-ROWS = 20_000_000
-SMALL_PARTITIONS = 16_000_000
 #: The process the SIGKILL test kills: a dask session on the external cluster, holding a result.
 HOLDER = Path(__file__).parents[1] / "blocks" / "scripts" / "gpu_session_holder.py"
 #: Seconds from SIGKILL of that process to its state gone from every worker (the lease's
 #: bound; the CPU test, tests/blocks/test_dask_lease.py, measures ~0.02 s).
 LEASE_BOUND_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("spread")
-    rng = np.random.default_rng(1)
-    n = ROWS // 16
-    for i in range(16):
-        pl.DataFrame(
-            {"key": rng.integers(0, 1000, n), "x": rng.random(n), "y": rng.integers(0, 100, n)}
-        ).write_parquet(folder / f"part-{i:02d}.parquet")
-    return str(folder / "*.parquet")
-
-
-def _query(path: str) -> pl.LazyFrame:
-    return pl.scan_parquet(path).filter(pl.col("y") < 50)
-
-
-def _expected(path: str) -> pl.DataFrame:
-    return _query(path).group_by("key").agg(pl.col("x").sum(), pl.len()).sort("key").collect()
 
 
 def test_auto_with_several_gpus_is_dask_over_all_ranks_and_owned_cluster_goes_away(data):
@@ -64,19 +40,12 @@ def test_auto_with_several_gpus_is_dask_over_all_ranks_and_owned_cluster_goes_aw
     with block.session() as session:
         assert session.backend == "dask" and session.description["ranks"] == GPUS
         assert "owned" in session.description["cluster"] and session.description["dashboard"]
-        start = session.run(session._running.memory_per_rank)
-        r = session.execute(_query(data), name="filtered")
-        assert sorted(r.ranks) == list(range(GPUS)) and r.partitions == GPUS
-        held = session.run(session._running.memory_per_rank)
-        assert all(h > s for h, s in zip(held, start)), (start, held)
-        got = session.collect(r.lazy().group_by("key").agg(pl.col("x").sum(), pl.len()).sort("key"))
-        assert session.run(session._running.memory_per_rank) == start
-        live = session.execute(_query(data))
+        check_results_on_every_rank(session, data, GPUS)
+        live = session.execute(query(data))
         assert sorted(live.ranks) == list(range(GPUS))
         cluster_pids = child_pids() - before
     assert live.state == "released"
     assert session.memory["before_shutdown"] == session.memory["at_start"]
-    assert_frame_equal(got, _expected(data), check_dtypes=False, rel_tol=1e-9)
     assert wait_gone(cluster_pids) == set(), "owned cluster processes left behind"
 
 
@@ -97,7 +66,7 @@ def test_external_cluster_stays_up_and_holds_none_of_our_results(data):
         )
         with block.session() as session:
             assert "external" in session.description["cluster"]
-            kept = session.execute(_query(data))
+            kept = session.execute(query(data))
             assert sorted(kept.ranks) == list(range(GPUS))
             assert sum(ours.run(stored_partitions).values()) >= GPUS
         assert kept.state == "released"
@@ -112,7 +81,7 @@ def test_external_cluster_drops_a_sigkilled_sessions_results(data, tmp_path):
     """
     SIGKILL a process holding results on an external cluster: the lease frees every worker.
 
-    Not run on a GPU yet (written on a machine without one).
+    Passed on the two-GPU H200 on 2026-11-30 (docs/device-runs).
     """
     from distributed import Client
 
@@ -148,7 +117,7 @@ def test_external_cluster_drops_a_sigkilled_sessions_results(data, tmp_path):
             )
             with block.session() as session:
                 assert "external" in session.description["cluster"]
-                session.collect(_query(data).select(pl.len()))
+                session.collect(query(data).select(pl.len()))
                 assert len(ours.run_on_scheduler(leases)) == 1
             assert ours.run_on_scheduler(leases) == []
             start = ours.run(worker_state)
