@@ -230,3 +230,36 @@ class CudfPolarsEngine(Block):
         from prefect_cudf_polars.blocks.session import EngineSession
 
         return EngineSession(self)
+
+
+def load_engine_block(name: str) -> CudfPolarsEngine:
+    """
+    Load a saved :class:`CudfPolarsEngine` block by its document name.
+
+    Parameters
+    ----------
+    name : str
+        The block document's name (``prefect-cudf-polars save-engine NAME`` or
+        ``CudfPolarsEngine(...).save(NAME)`` saved it).
+
+    Returns
+    -------
+    CudfPolarsEngine
+
+    Raises
+    ------
+    LookupError
+        When the Prefect API has no ``cudf-polars-engine`` block of that name;
+        the message says how to save one and how to list those saved.
+    """
+    try:
+        return CudfPolarsEngine.load(name)
+    except ValueError as exc:
+        if "Unable to find block document" not in str(exc):
+            raise
+        raise LookupError(
+            f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save "
+            f"one with `prefect-cudf-polars save-engine {name} --backend auto` (or "
+            f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with "
+            "`prefect block ls`."
+        ) from None

@@ -205,8 +205,8 @@ class EngineSession:
             )
         self.backend, self.fallback_warning = resolve_backend(self.block)
         if self.fallback_warning:
+            # Once as a Python warning here; announce() logs it once to the flow run.
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=3)
-            logger.warning(self.fallback_warning)
         self._owner = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"cudf-polars-engine-owner-{self.id[:8]}"
         )

@@ -19,7 +19,7 @@ from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine, load_engine_block
 from prefect_cudf_polars.blocks.session import EngineSession
 
 
@@ -75,7 +75,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def _block(self) -> CudfPolarsEngine:
         if isinstance(self.engine, str):
-            return CudfPolarsEngine.load(self.engine)
+            return load_engine_block(self.engine)
         return self.engine
 
     def __enter__(self) -> CudfPolarsTaskRunner:

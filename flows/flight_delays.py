@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks.engine_block import load_engine_block
 from prefect_cudf_polars.flows import report_queries
 from prefect_cudf_polars.flows.nycflights_data import ensure_parquet
 from prefect_cudf_polars.flows.progress import StepProgress
@@ -102,7 +103,7 @@ def report_table_artifact(report: pl.DataFrame, *, backend: str) -> None:
 
 def _engine(engine_block: str | None) -> CudfPolarsEngine:
     if engine_block:
-        return CudfPolarsEngine.load(engine_block)
+        return load_engine_block(engine_block)
     return CudfPolarsEngine(backend="auto", cpu_fallback=True)
 
 
@@ -207,9 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args(argv)
-    flight_delay_report(
-        engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir
-    )
+    try:
+        flight_delay_report(
+            engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir
+        )
+    except LookupError as exc:  # no saved block of that name: say what to do, no traceback
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -190,6 +190,20 @@ class GPUResult:
                 result_id=self.id,
                 result_name=self.name,
             )
+        if self._state == "consumed" and self.consumed_by_id is not None and (
+            self.consumed_by_id == current_run_id()
+        ):
+            raise ResultConsumedError(
+                f"GPUResult {self.name!r} (id {self.id}) was already read in this same "
+                f"{self.consumed_by}: a GPU result is read once (cudf-polars moves its "
+                "partitions out on read), so its .lazy() may be called once and that frame "
+                "scanned once (no self-join of a result with itself). To use it twice, "
+                "split it before this step: `a, b = tee(result, 2)` "
+                "(prefect_cudf_polars.tasks.tee) and use both copies.",
+                result_id=self.id,
+                result_name=self.name,
+                consumer=self.consumed_by,
+            )
         if self._state == "consumed":
             raise ResultConsumedError(
                 f"GPUResult {self.name!r} (id {self.id}) was already consumed by "

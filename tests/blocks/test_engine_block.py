@@ -76,3 +76,24 @@ def test_live_state_never_enters_the_block(cpu_block):
         assert session.backend == "cpu"
         dumped = cpu_block.model_dump()
     assert "session" not in dumped and set(dumped) >= {"backend", "executor_options"}
+
+
+def test_an_unknown_saved_block_name_says_how_to_save_one(orders):
+    import polars as pl
+    from prefect import flow
+
+    from prefect_cudf_polars.blocks import CudfPolarsTaskRunner
+    from prefect_cudf_polars.blocks.engine_block import load_engine_block
+    from prefect_cudf_polars.tasks import collect, execute
+
+    with pytest.raises(LookupError, match=r"No saved cudf-polars engine block named 'nosuch'.*save-engine nosuch"):
+        load_engine_block("nosuch")
+
+    @flow(task_runner=CudfPolarsTaskRunner(engine="nosuch"))
+    def misnamed():
+        return collect(execute(pl.scan_parquet(orders)))
+
+    with pytest.raises(LookupError, match="prefect block ls"):
+        misnamed()
+    CudfPolarsEngine(backend="cpu").save("now-saved", overwrite=True)
+    assert load_engine_block("now-saved").backend == "cpu"

@@ -116,3 +116,13 @@ def test_command_line_runs_the_main_job_on_a_fresh_prefect_home(nyc_paths, tmp_p
     assert_frame_equal(pl.read_parquet(tmp_path / "out" / REPORT_FILE), expected)
     if "backend=cpu" in out:  # no GPU here: the run says so
         assert "uses the cpu backend" in out
+
+
+def test_command_line_with_an_unknown_engine_block_says_what_to_do(tmp_path):
+    from prefect_cudf_polars.flows.flight_delays import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--engine", "nosuch", "--output-dir", str(tmp_path)])
+    message = str(info.value.code)
+    assert message.startswith("error: No saved cudf-polars engine block named 'nosuch'")
+    assert "prefect-cudf-polars save-engine nosuch" in message

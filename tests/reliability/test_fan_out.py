@@ -83,6 +83,25 @@ def test_default_consumed_error_points_to_tee(engine_block, orders):
         reads_twice()
 
 
+def test_a_self_join_in_one_task_says_so_and_points_to_tee(cpu_block, orders):
+    @gpu_task
+    def self_join(r: GPUResult) -> pl.LazyFrame:
+        return r.lazy().join(r.lazy(), on="id")
+
+    @gpu_task
+    def join_copies(a: GPUResult, b: GPUResult) -> pl.LazyFrame:
+        return a.lazy().join(b.lazy(), on="id")
+
+    @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
+    def joins():
+        with pytest.raises(ResultConsumedError, match=r"already read in this same task run 'self_join.*tee\(result, 2\)"):
+            self_join(execute(pl.scan_parquet(orders)))
+        a, b = tee(execute(pl.scan_parquet(orders)), 2)
+        return collect(join_copies(a, b)).height
+
+    assert joins() == 1000
+
+
 def test_tee_refuses_an_unreplayable_result_and_loses_nothing(engine_block, orders):
     @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def built_in_the_body():
