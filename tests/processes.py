@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -101,3 +102,10 @@ def stop(procs: list[subprocess.Popen], timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server process the test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

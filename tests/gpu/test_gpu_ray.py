@@ -9,12 +9,11 @@ on 127.0.0.1 started here; a local Ray is started and stopped by the session.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
-from processes import child_pids, wait_gone, wait_until
+from processes import child_pids, free_port, wait_gone, wait_until
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, NoGPUError, gpu_probe
 from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
@@ -38,9 +37,7 @@ def _ray_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def ray_head(request):
     """``ray start --head`` on 127.0.0.1 with ``request.param`` GPUs (default: all); stopped after."""
     gpus = getattr(request, "param", GPUS)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     started = _ray_cli(
         "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
         f"--num-gpus={gpus}", "--include-dashboard=false", "--disable-usage-stats",

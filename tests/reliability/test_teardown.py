@@ -23,13 +23,12 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 
 from prefect_cudf_polars.blocks import (
-    CudfPolarsEngine,
     CudfPolarsTaskRunner,
     get_engine_session,
     host_store,
 )
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
-from processes import child_pids, pid_alive
+from processes import child_pids, pid_alive, stop
 from reliability_fixtures import engine_block, torn_down, subprocess_env  # noqa: F401 (pytest fixtures)
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -244,11 +243,6 @@ def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(backend, tmp_p
         _assert_flow_process_torn_down(tmp_path, ready, backend)
     finally:
         worker_tree = child_pids(worker.pid) if worker.poll() is None else set()
-        worker.terminate()
-        try:
-            worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop([worker], timeout=60)
     time.sleep(1)
     assert not [p for p in worker_tree if pid_alive(p)], "worker processes left behind"

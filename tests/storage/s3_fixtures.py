@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import uuid
 import polars as pl
 import pytest
 import requests
+from processes import free_port, stop
 
 READ_ONLY_POLICY = {
     "Version": "2012-10-17",
@@ -90,15 +90,9 @@ def _user(iam, name: str, policy: dict) -> tuple[str, str]:
     return key["AccessKeyId"], key["SecretAccessKey"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_server() -> tuple[subprocess.Popen, str]:
     """Start ``python -m moto.server`` on a free port; return it once it answers (30 s at most)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -139,12 +133,7 @@ def moto_s3():
         reader_id, reader_secret = _user(iam, f"reader-{suffix}", READ_ONLY_POLICY)
         yield MotoS3(endpoint, key_id, secret, reader_id, reader_secret)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop([proc], timeout=10)
 
 
 @pytest.fixture()
