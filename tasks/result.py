@@ -190,29 +190,25 @@ class GPUResult:
                 result_id=self.id,
                 result_name=self.name,
             )
-        if self._state == "consumed" and self.consumed_by_id is not None and (
-            self.consumed_by_id == current_run_id()
-        ):
-            raise ResultConsumedError(
-                f"GPUResult {self.name!r} (id {self.id}) was already read in this same "
-                f"{self.consumed_by}: a GPU result is read once (cudf-polars moves its "
-                "partitions out on read), so its .lazy() may be called once and that frame "
-                "scanned once (no self-join of a result with itself). To use it twice, "
-                "split it before this step: `a, b = tee(result, 2)` "
-                "(prefect_cudf_polars.tasks.tee) and use both copies.",
-                result_id=self.id,
-                result_name=self.name,
-                consumer=self.consumed_by,
-            )
         if self._state == "consumed":
-            raise ResultConsumedError(
-                f"GPUResult {self.name!r} (id {self.id}) was already consumed by "
-                f"{self.consumed_by}: a GPU result is read once (cudf-polars moves its "
-                "partitions out on read). To give one result to several tasks, split it "
-                "before the first read: `a, b = tee(result, 2)` "
+            read_here = self.consumed_by_id is not None and self.consumed_by_id == current_run_id()
+            advice = (
+                # A second read in the run that read it: a self-join, or .lazy() twice.
+                f"already read in this same {self.consumed_by}: a GPU result is read once "
+                "(cudf-polars moves its partitions out on read), so its .lazy() may be "
+                "called once and that frame scanned once (no self-join of a result with "
+                "itself). To use it twice, split it before this step: `a, b = tee(result, 2)` "
+                "(prefect_cudf_polars.tasks.tee) and use both copies."
+                if read_here
+                else f"already consumed by {self.consumed_by}: a GPU result is read once "
+                "(cudf-polars moves its partitions out on read). To give one result to "
+                "several tasks, split it before the first read: `a, b = tee(result, 2)` "
                 "(prefect_cudf_polars.tasks.tee) makes independent results that stay on "
                 "the GPU; or run the producing task again, or collect it once and reuse "
-                "the host DataFrame.",
+                "the host DataFrame."
+            )
+            raise ResultConsumedError(
+                f"GPUResult {self.name!r} (id {self.id}) was {advice}",
                 result_id=self.id,
                 result_name=self.name,
                 consumer=self.consumed_by,

@@ -37,6 +37,8 @@ from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 if TYPE_CHECKING:
     from prefect_aws import AwsCredentials
 
+    from prefect_cudf_polars.tasks.s3_location import S3Location
+
     from prefect_cudf_polars.blocks.session import EngineSession
 
 
@@ -144,7 +146,7 @@ def is_remote_read_failure(exc: BaseException) -> bool:
     return any("error accessing the remote file" in str(e).lower() for e in iter_exceptions(exc))
 
 
-def _ask_the_server(location: Any, access: S3Access, exc: BaseException) -> S3AccessError:
+def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) -> S3AccessError:
     """
     Explain a GPU read failure that does not quote the server: ask the server with boto3.
 
