@@ -124,7 +124,7 @@ def test_external_cluster_drops_a_sigkilled_sessions_results(data, tmp_path):
             assert all(s["contexts"] == [] for s in start.values()), start
 
             out = tmp_path / "holder.out"
-            child = spawn([sys.executable, str(HOLDER), address, data, str(SMALL_PARTITIONS)], out)
+            child = spawn([sys.executable, str(HOLDER), "dask", address, data, str(SMALL_PARTITIONS)], out)
             try:
                 wait_until(lambda: "READY " in out.read_text() or child.poll() is not None, 300, "READY")
                 assert child.poll() is None, out.read_text()[-3000:]

@@ -8,12 +8,16 @@ on 127.0.0.1 started here; a local Ray is started and stopped by the session.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
-from processes import child_pids, free_port, wait_gone, wait_until
+from processes import child_pids, free_port, pid_alive, spawn, stop, wait_gone, wait_until
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, NoGPUError, gpu_probe
 from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
@@ -23,6 +27,19 @@ ray = pytest.importorskip("ray", reason="backend='ray' needs Ray (pip install ra
 GPUS = gpu_probe.count_gpus()[0]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 RAY_ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+#: The process the SIGKILL test kills: a ray session on the external cluster, holding a result.
+HOLDER = Path(__file__).parents[1] / "blocks" / "scripts" / "gpu_session_holder.py"
+#: MiB of device memory (``nvidia-smi`` memory.used) a GPU may differ from its figure before.
+SMI_TOLERANCE_MIB = 16
+
+
+def _device_memory_used_mib() -> list[int]:
+    """``nvidia-smi``'s memory.used of every visible GPU, MiB, in index order."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
+    return [int(line) for line in out.split()]
 
 
 def _ray_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -90,3 +107,51 @@ def test_ray_cluster_without_gpus_says_what_to_do(ray_head):
         with block.session():
             pass
     assert not ray.is_initialized()
+
+
+def test_external_ray_ends_a_sigkilled_sessions_actors_and_frees_their_gpus(data, ray_head, tmp_path):
+    """
+    SIGKILL a driver holding results on an external Ray: Ray ends its rank actors.
+
+    cudf-polars' ``RankActor``s are not detached, so Ray ends them when the driver
+    that created them dies; with the actor processes gone the CUDA driver frees
+    their device memory. Checked: actor processes gone, every GPU slot free, and
+    ``nvidia-smi`` memory.used on every GPU back to its figure before the session.
+    """
+    before = _device_memory_used_mib()
+    out = tmp_path / "holder.out"
+    child = spawn(
+        [sys.executable, str(HOLDER), "ray", ray_head, data, str(SMALL_PARTITIONS)], out
+    )
+    try:
+        wait_until(lambda: "READY " in out.read_text() or child.poll() is not None, 300, "READY")
+        assert child.poll() is None, out.read_text()[-3000:]
+        ready = json.loads(out.read_text().split("READY ", 1)[1].splitlines()[0])
+        print(json.dumps(ready))
+        assert ready["ranks"] == list(range(GPUS)) and ready["cluster"] == f"external Ray {ray_head}"
+        actors = set(ready["actor_pids"])
+        assert len(actors) == GPUS and all(pid_alive(p) for p in actors)
+        held = _device_memory_used_mib()
+        assert all(h > b for h, b in zip(held, before)), (before, held)
+
+        os.kill(child.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        child.wait(timeout=30)
+        assert wait_gone(actors, timeout=60) == set(), "Ray kept the killed driver's actors"
+        seconds = time.monotonic() - killed
+    finally:
+        stop([child], timeout=0)
+    ray.init(address=ray_head)
+    try:
+        wait_until(lambda: ray.available_resources().get("GPU") == GPUS, 60, "every GPU slot free")
+    finally:
+        ray.shutdown()
+
+    def memory_back() -> bool:
+        return all(abs(a - b) <= SMI_TOLERANCE_MIB for a, b in zip(_device_memory_used_mib(), before))
+
+    wait_until(memory_back, 60, "device memory back to its figure before the session")
+    print(
+        f"SIGKILL to rank actors gone on {GPUS} GPUs: {seconds:.3f} s; nvidia-smi memory.used MiB "
+        f"before {before}, holding {held}, after {_device_memory_used_mib()}"
+    )
