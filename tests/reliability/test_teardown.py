@@ -1,5 +1,6 @@
 """
-Release and teardown on every way a flow run ends (cpu backend, real Prefect API).
+Release and teardown on every way a flow run ends (real Prefect API; cpu, and on a GPU spmd;
+the SIGTERM and cancellation tests also on dask and ray).
 
 After each ending: the session's results are released, the engine was shut down
 on its owner thread, no child process is left behind, and the cpu backend's host
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import polars as pl
@@ -37,9 +39,15 @@ END_LINE = re.compile(
     r"released unconsumed (\d+); (?:host store|device memory \(rmm statistics\)) at start "
     r"(\S+), before shutdown (\S+),.* on thread (\S+)$"
 )
+#: The flow process owns the engine: for dask its LocalCUDACluster, for ray the local Ray.
 SUBPROCESS_BACKENDS = [
     pytest.param("cpu", id="cpu"),
     pytest.param("spmd", id="spmd", marks=pytest.mark.gpu),
+    pytest.param("dask", id="dask", marks=pytest.mark.gpu),
+    pytest.param(
+        "ray", id="ray",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not find_spec("ray"), reason="needs Ray (pip install ray)")],
+    ),
 ]
 
 
