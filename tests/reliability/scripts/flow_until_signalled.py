@@ -14,6 +14,7 @@ Usage: ``python flow_until_signalled.py EVIDENCE_DIR PARQUET_PATH``
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -45,6 +46,9 @@ def _log_to(evidence: Path) -> None:
     logging.getLogger("prefect.flow_runs").addHandler(handler)
 
 
+#: Seconds after ready.json until the threads' stacks are dumped (then again each period).
+STACKS_AFTER_S = 15
+
 #: The backend, from the environment (a worker's flow-run process inherits it).
 BACKEND = os.environ.get("PREFECT_CUDF_POLARS_TEST_BACKEND", "cpu")
 
@@ -74,6 +78,9 @@ def hold_results(evidence: str, path: str, wait_s: float = 120.0) -> int:
         )
     )
     ready.rename(ready.with_suffix(""))  # appears whole
+    # If this process is still alive well after the test stopped it, its threads'
+    # stacks go to stacks.txt (for the failing test's message).
+    faulthandler.dump_traceback_later(STACKS_AFTER_S, repeat=True, file=(Path(evidence) / "stacks.txt").open("w"))
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         time.sleep(0.1)
