@@ -27,7 +27,12 @@ This module is the one place the lifecycle rules live:
 4. **Everything is released when the session ends**, however it ends: a normal
    return, an exception, or ``TerminationSignal`` (SIGTERM) all run
    :meth:`EngineSession.close`, which releases every result on the owner
-   thread and then shuts the engine down there. ``close`` is idempotent.
+   thread and then shuts the engine down there. ``close`` is idempotent, and it
+   waits at most the block's ``teardown_timeout`` for the engine: a Prefect
+   process worker cancels a flow run by sending SIGTERM to its whole process
+   group, so an owned Dask or Ray cluster is stopping at the same moment and
+   may never answer. Past the limit the results are marked released without
+   the engine, the end line is logged with a warning, and the process may end.
 5. **A result never leaves its process** (see :mod:`prefect_cudf_polars.tasks.result`).
 """
 
@@ -41,6 +46,7 @@ import uuid
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
@@ -164,6 +170,9 @@ class EngineSession:
         self.monitor = SessionMonitor(self)
         #: Name of the thread that shut the engine down (the owner thread), once it has.
         self.shutdown_thread: str | None = None
+        #: ``"complete"``, or what the teardown was doing when it stopped waiting.
+        self.teardown = "not started"
+        self._teardown_step = ""
 
     # ---- lifecycle -------------------------------------------------------
     def __enter__(self) -> EngineSession:
@@ -256,12 +265,13 @@ class EngineSession:
             self._closed = True
             live = list(self._live.values())
         try:
-            for result in live:
-                result._release_at_session_end()
-            if self._running is not None:
-                self.memory["before_shutdown"] = self.run(self._running.memory_in_use)
+            if self._owner is None or self._stopped:
+                for result in live:
+                    result._release_at_session_end()
+                self.teardown = "complete"
+            else:
+                self._teardown_with_limit(live)
         finally:
-            self._stop_engine()
             self._deactivate()
         summary = self.summary()
         self._log(
@@ -281,8 +291,58 @@ class EngineSession:
             self.timings.get("engine_shutdown_s", 0.0),
             self.shutdown_thread,
         )
+        if self.teardown != "complete":
+            self._log(
+                logging.WARNING,
+                "cudf-polars engine session teardown %s: the engine did not answer. A "
+                "Prefect process worker cancels a flow run with SIGTERM to its whole "
+                "process group, an owned Dask or Ray cluster included, so the engine's "
+                "processes may be gone; the CUDA driver frees the device memory of "
+                "processes that end. If a normal teardown needs longer, raise "
+                "teardown_timeout on the engine block.",
+                self.teardown,
+            )
         self.monitor.ended(summary)
         return summary
+
+    def _teardown_with_limit(self, live: list[GPUResult]) -> None:
+        """Release ``live`` and shut down on the owner thread; wait at most ``teardown_timeout``."""
+        assert self._owner is not None
+        limit = self.block.teardown_timeout
+        self._teardown_step = "waiting for the engine's current call to finish"
+        done = self._owner.submit(self._teardown_on_owner, live)
+        try:
+            done.result(timeout=limit)
+        except FutureTimeout:
+            with self._lock:
+                self._stopped = True  # later releases must not queue behind the stuck call
+            self.teardown = f"stopped waiting after {limit:g} s while {self._teardown_step}"
+            for result in live:
+                result._abandon_at_session_end()
+            # The teardown stays queued: if the engine answers later it still shuts down.
+            self._owner.shutdown(wait=False)
+            return
+        self._owner.shutdown(wait=True)
+        self.teardown = "complete"
+
+    def _teardown_on_owner(self, live: list[GPUResult]) -> None:
+        try:
+            self._teardown_step = "releasing results on the ranks"
+            for result in live:
+                result._release_at_session_end()
+            if self._running is not None:
+                self._teardown_step = "reading device memory"
+                self.memory["before_shutdown"] = self._running.memory_in_use()
+        finally:
+            self._teardown_step = "shutting the engine down"
+            started = time.perf_counter()
+            try:
+                if self._running is not None:
+                    self._shutdown_on_owner(self._running)
+            finally:
+                self.timings["engine_shutdown_s"] = time.perf_counter() - started
+                with self._lock:
+                    self._stopped = True
 
     def _stop_engine(self) -> None:
         if self._owner is None or self._stopped:
@@ -321,7 +381,9 @@ class EngineSession:
             ``session_id``, ``backend``, ``gpus``, ``counts`` (results produced,
             consumed, released unconsumed), ``memory`` (bytes at start and before
             shutdown, rmm statistics on GPU backends), ``peak_memory`` (bytes, the
-            highest reading after an engine call) and ``timings`` (seconds).
+            highest reading after an engine call), ``timings`` (seconds),
+            ``shutdown_thread`` and ``teardown`` (``"complete"``, or what the
+            teardown was doing when it stopped waiting for the engine).
         """
         return {
             "session_id": self.id,
@@ -332,6 +394,7 @@ class EngineSession:
             "peak_memory": self.peak_memory,
             "timings": dict(self.timings),
             "shutdown_thread": self.shutdown_thread,
+            "teardown": self.teardown,
         }
 
     # ---- the owner thread --------------------------------------------------

@@ -293,6 +293,18 @@ class GPUResult:
     def _release_at_session_end(self) -> None:
         self.release()
 
+    def _abandon_at_session_end(self) -> None:
+        # The engine did not answer the session's teardown: mark the result released
+        # without calling the engine. The engine's handle is kept: dropping it would
+        # run cudf-polars' release finalizer on this thread. The session's queued
+        # teardown still releases it on the owner thread if the engine answers.
+        with self._lock:
+            was_live = self._state == "live"
+            if was_live:
+                self._state = "released"
+        if was_live:
+            self._session._released(self, unconsumed=True)
+
     def _drop(self) -> None:
         # Let go of the engine's persisted result too: a handle kept by Prefect's
         # futures or states after use then keeps no engine memory alive.

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import polars as pl
 import pytest
+from processes import wait_until
 
 from prefect_cudf_polars.blocks import (
     CudfPolarsEngine,
@@ -142,3 +145,49 @@ def test_real_probe_on_this_machine_agrees_with_the_driver():
     count, problem = gpu_probe.count_gpus()
     assert found.gpus == count
     assert (count == 0) == (problem is not None)
+
+
+def test_teardown_stops_waiting_for_an_engine_that_does_not_answer(orders, caplog):
+    """
+    A Prefect process worker's cancellation stops an owned cluster with the flow process.
+
+    Stand-in for an engine that no longer answers: the owner thread is held by
+    a call that waits on an event (as a query still running when SIGTERM comes). The session's end waits ``teardown_timeout``,
+    marks the results released without the engine, logs why, and the queued
+    teardown still shuts the engine down once the owner thread is free.
+    """
+    block = CudfPolarsEngine(backend="cpu", teardown_timeout=1.0)
+    before = host_store.total_partitions()
+    engine_answers = threading.Event()
+    session = block.session().__enter__()
+    kept = [session.execute(pl.scan_parquet(orders), name=f"kept-{i}") for i in range(2)]
+    holder = threading.Thread(target=session.run, args=(engine_answers.wait,))
+    holder.start()
+    try:
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="prefect_cudf_polars"):
+            summary = session.close()
+        waited = time.monotonic() - started
+        assert 1.0 <= waited < 3.0, waited
+        assert summary["teardown"] == (
+            "stopped waiting after 1 s while waiting for the engine's current call to finish"
+        )
+        assert [r.state for r in kept] == ["released", "released"]
+        assert summary["counts"] == {"produced": 2, "consumed": 0, "released_unconsumed": 2}
+        assert "teardown stopped waiting after 1 s" in caplog.text
+        assert "raise teardown_timeout" in caplog.text
+        assert host_store.total_partitions() == before + 2  # the engine has not answered yet
+        with pytest.raises(ResultReleasedError):
+            kept[0].lazy()
+    finally:
+        engine_answers.set()
+        holder.join(timeout=30)
+    wait_until(lambda: host_store.total_partitions() == before, 30, "the queued teardown ran")
+    assert session.shutdown_thread.startswith("cudf-polars-engine-owner")
+
+
+def test_teardown_within_the_limit_is_complete(cpu_block, orders):
+    with cpu_block.session() as session:
+        session.execute(pl.scan_parquet(orders))
+    assert session.summary()["teardown"] == "complete"
+    assert cpu_block.teardown_timeout == 20.0

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from nvidia_smi import back_to, device_memory_used_mib
 from processes import child_pids, free_port, pid_alive, spawn, stop, wait_gone, wait_until
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, NoGPUError, gpu_probe
@@ -29,17 +30,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 RAY_ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
 #: The process the SIGKILL test kills: a ray session on the external cluster, holding a result.
 HOLDER = Path(__file__).parents[1] / "blocks" / "scripts" / "gpu_session_holder.py"
-#: MiB of device memory (``nvidia-smi`` memory.used) a GPU may differ from its figure before.
-SMI_TOLERANCE_MIB = 16
-
-
-def _device_memory_used_mib() -> list[int]:
-    """``nvidia-smi``'s memory.used of every visible GPU, MiB, in index order."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout
-    return [int(line) for line in out.split()]
 
 
 def _ray_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -118,7 +108,7 @@ def test_external_ray_ends_a_sigkilled_sessions_actors_and_frees_their_gpus(data
     their device memory. Checked: actor processes gone, every GPU slot free, and
     ``nvidia-smi`` memory.used on every GPU back to its figure before the session.
     """
-    before = _device_memory_used_mib()
+    before = device_memory_used_mib()
     out = tmp_path / "holder.out"
     child = spawn(
         [sys.executable, str(HOLDER), "ray", ray_head, data, str(SMALL_PARTITIONS)], out
@@ -131,7 +121,7 @@ def test_external_ray_ends_a_sigkilled_sessions_actors_and_frees_their_gpus(data
         assert ready["ranks"] == list(range(GPUS)) and ready["cluster"] == f"external Ray {ray_head}"
         actors = set(ready["actor_pids"])
         assert len(actors) == GPUS and all(pid_alive(p) for p in actors)
-        held = _device_memory_used_mib()
+        held = device_memory_used_mib()
         assert all(h > b for h, b in zip(held, before)), (before, held)
 
         os.kill(child.pid, signal.SIGKILL)
@@ -147,11 +137,8 @@ def test_external_ray_ends_a_sigkilled_sessions_actors_and_frees_their_gpus(data
     finally:
         ray.shutdown()
 
-    def memory_back() -> bool:
-        return all(abs(a - b) <= SMI_TOLERANCE_MIB for a, b in zip(_device_memory_used_mib(), before))
-
-    wait_until(memory_back, 60, "device memory back to its figure before the session")
+    wait_until(lambda: back_to(before), 60, "device memory back to its figure before the session")
     print(
         f"SIGKILL to rank actors gone on {GPUS} GPUs: {seconds:.3f} s; nvidia-smi memory.used MiB "
-        f"before {before}, holding {held}, after {_device_memory_used_mib()}"
+        f"before {before}, holding {held}, after {device_memory_used_mib()}"
     )

@@ -30,7 +30,8 @@ from prefect_cudf_polars.blocks import (
     host_store,
 )
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
-from processes import child_pids, pid_alive, stop
+from nvidia_smi import back_to, device_memory_used_mib
+from processes import child_pids, pid_alive, stop, wait_until
 from reliability_fixtures import engine_block, torn_down, subprocess_env  # noqa: F401 (pytest fixtures)
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -183,7 +184,14 @@ def _evidence(evidence: Path) -> str:
     return "\n".join(parts)
 
 
-def _assert_flow_process_torn_down(evidence: Path, ready: dict, backend: str) -> None:
+def _assert_flow_process_torn_down(evidence: Path, ready: dict, backend: str, *, group_killed: bool = False) -> None:
+    """
+    Check the stopped flow process's teardown from its evidence.
+
+    ``group_killed``: stopped by a Prefect process worker, which sends SIGTERM to
+    the flow run's whole process group, so an owned Dask cluster or local Ray
+    stops at the same moment as the flow process.
+    """
     # Before the stop: two results live in the flow process's engine.
     assert ready["live"] == ["live", "live"]
     assert ready["memory_held"] > ready["memory_at_start"]
@@ -193,11 +201,25 @@ def _assert_flow_process_torn_down(evidence: Path, ready: dict, backend: str) ->
     assert not pid_alive(ready["pid"])
     assert not [p for p in ready["children"] if pid_alive(p)]
     # The session's end line, written synchronously by the flow process.
-    lines = [m for m in (evidence / "flow.log").read_text().splitlines() if "session ended" in m]
+    log = (evidence / "flow.log").read_text().splitlines()
+    lines = [m for m in log if "session ended" in m]
+    if group_killed and backend == "ray" and not lines:
+        pytest.xfail(
+            "Known limit (README, 'Several GPUs'): the group SIGTERM also stops the local Ray, "
+            "and the flow process ended without running its teardown, so no session-end "
+            "line or event; its processes are gone and device memory is back (checked)."
+        )
     assert len(lines) == 1, _evidence(evidence)
     (line,) = lines
     found, produced, consumed, released, at_start, before_shutdown, thread = END_LINE.search(line).groups()
     assert (found, produced, consumed, released) == (backend, "3", "1", "2"), line
+    gave_up = [m for m in log if "teardown stopped waiting" in m]
+    if group_killed and backend in ("dask", "ray") and gave_up:
+        # The owned cluster stopped with us: the session stopped waiting for it in time
+        # (teardown_timeout 20 s, below the worker's 30 s before SIGKILL).
+        assert "stopped waiting after 20 s while" in gave_up[0], gave_up
+        return
+    assert gave_up == [], gave_up
     assert before_shutdown == at_start == str(ready["memory_at_start"]), line  # memory back to start
     assert thread.startswith("cudf-polars-engine-owner")
 
@@ -242,6 +264,7 @@ def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(backend, tmp_p
             ],
             parameters={"evidence": str(tmp_path), "path": str(orders)},
         )
+    device_memory_before = device_memory_used_mib() if backend != "cpu" else None
     worker = subprocess.Popen(
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
         env={**subprocess_env, "PREFECT_CUDF_POLARS_TEST_BACKEND": backend},
@@ -261,7 +284,10 @@ def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(backend, tmp_p
         print(f"{backend}: Cancelling to {state.type.value} in {time.monotonic() - cancelling:.1f} s")
         assert state.is_cancelled(), state
         assert worker.poll() is None  # the worker survives the cancellation
-        _assert_flow_process_torn_down(tmp_path, ready, backend)
+        if device_memory_before is not None:
+            # Whatever the teardown did, every process that held device memory has ended.
+            wait_until(lambda: back_to(device_memory_before), 60, "device memory back to its figure before")
+        _assert_flow_process_torn_down(tmp_path, ready, backend, group_killed=True)
     finally:
         worker_tree = child_pids(worker.pid) if worker.poll() is None else set()
         stop([worker], timeout=60)
