@@ -286,9 +286,9 @@ class GPUResult:
             was_live = self._state == "live"
             if was_live:
                 self._state = "released"
-        self._drop()
-        if was_live:
+        if was_live:  # counted first: a drop the engine never answers still counts
             self._session._released(self, unconsumed=True)
+        self._drop()
 
     def _release_at_session_end(self) -> None:
         self.release()

@@ -191,3 +191,28 @@ def test_teardown_within_the_limit_is_complete(cpu_block, orders):
         session.execute(pl.scan_parquet(orders))
     assert session.summary()["teardown"] == "complete"
     assert cpu_block.teardown_timeout == 20.0
+
+
+def test_teardown_stuck_inside_a_release_still_counts_every_result(orders, monkeypatch):
+    """The engine stops answering while the teardown releases the first result."""
+    from prefect_cudf_polars.blocks.cpu import HostPersistedResult
+
+    engine_answers = threading.Event()
+    original = HostPersistedResult.release
+
+    def release_that_hangs(self):
+        engine_answers.wait()
+        original(self)
+
+    block = CudfPolarsEngine(backend="cpu", teardown_timeout=1.0)
+    session = block.session().__enter__()
+    kept = [session.execute(pl.scan_parquet(orders), name=f"kept-{i}") for i in range(2)]
+    monkeypatch.setattr(HostPersistedResult, "release", release_that_hangs)
+    try:
+        summary = session.close()
+        assert summary["teardown"] == "stopped waiting after 1 s while releasing results on the ranks"
+        assert summary["counts"] == {"produced": 2, "consumed": 0, "released_unconsumed": 2}
+        assert [r.state for r in kept] == ["released", "released"]
+    finally:
+        engine_answers.set()
+    wait_until(lambda: session.shutdown_thread is not None, 30, "the queued teardown ran")
