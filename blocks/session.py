@@ -251,8 +251,12 @@ class EngineSession:
         """
         End the session: release every live result, then shut the engine down.
 
-        Both happen on the owner thread. Idempotent: later calls return the
-        same summary and do nothing else.
+        Both happen on the owner thread, and ``close`` waits for them at most the
+        block's ``teardown_timeout`` (seconds). Past it, the results still live are
+        marked released without the engine, ``summary()["teardown"]`` says what
+        the teardown was doing, a warning is logged, and the teardown stays
+        queued on the owner thread in case the engine answers later. Idempotent:
+        later calls return the same summary and do nothing else.
 
         Returns
         -------
