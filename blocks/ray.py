@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
+from prefect_cudf_polars.blocks.ray_connect import explain_connect_failure
 from prefect_cudf_polars.blocks.streaming_engine import StreamingRunningEngine
 from prefect_cudf_polars.blocks.streaming_options import engine_kwargs, silence_unstable_warning
 from prefect_cudf_polars.tasks.errors import NoGPUError
@@ -29,6 +30,9 @@ def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
     ------
     NoGPUError
         When Ray is not installed, or the Ray cluster has no free GPU.
+    RayClusterError
+        When ``ray_address`` cannot be connected to: what went wrong and what to
+        do (see :mod:`prefect_cudf_polars.blocks.ray_connect`).
     """
     if importlib.util.find_spec("ray") is None:
         raise NoGPUError(
@@ -41,6 +45,10 @@ def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
     init = {"address": block.ray_address} if block.ray_address else {}
     try:
         engine = RayEngine(ray_init_options=init, **engine_kwargs(block))
+    except ConnectionError as exc:
+        if not block.ray_address:
+            raise
+        raise explain_connect_failure(block.ray_address, exc) from exc
     except RuntimeError as exc:
         if "GPU" in str(exc):
             where = block.ray_address or "the local Ray started for this session"

@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from nvidia_smi import back_to, device_memory_used_mib
-from processes import child_pids, free_port, pid_alive, spawn, stop, wait_gone, wait_until
+from processes import child_pids, pid_alive, spawn, stop, wait_gone, wait_until
+from ray_head import ray_head  # noqa: F401 (fixture)
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, NoGPUError, gpu_probe
 from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
@@ -27,33 +27,8 @@ ray = pytest.importorskip("ray", reason="backend='ray' needs Ray (pip install ra
 
 GPUS = gpu_probe.count_gpus()[0]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
-RAY_ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
 #: The process the SIGKILL test kills: a ray session on the external cluster, holding a result.
 HOLDER = Path(__file__).parents[1] / "blocks" / "scripts" / "gpu_session_holder.py"
-
-
-def _ray_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run the ``ray`` command line (``ray.scripts.scripts``) with this interpreter."""
-    return subprocess.run(
-        [sys.executable, "-c", "from ray.scripts.scripts import main; main()", *args],
-        capture_output=True, text=True, timeout=timeout, env=RAY_ENV,
-    )
-
-
-@pytest.fixture()
-def ray_head(request):
-    """``ray start --head`` on 127.0.0.1 with ``request.param`` GPUs (default: all); stopped after."""
-    gpus = getattr(request, "param", GPUS)
-    port = free_port()
-    started = _ray_cli(
-        "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-        f"--num-gpus={gpus}", "--include-dashboard=false", "--disable-usage-stats",
-    )
-    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        _ray_cli("stop", "--force")
 
 
 def test_local_ray_started_and_stopped_by_the_session(data):
@@ -71,6 +46,7 @@ def test_local_ray_started_and_stopped_by_the_session(data):
     assert wait_gone(ray_pids, timeout=60) == set(), "the session's Ray processes were left behind"
 
 
+@pytest.mark.parametrize("ray_head", [GPUS], indirect=True)
 def test_external_ray_keeps_running_and_holds_none_of_our_actors(data, ray_head):
     block = CudfPolarsEngine(backend="ray", ray_address=ray_head, target_partition_size=SMALL_PARTITIONS)
     with block.session() as session:
@@ -99,6 +75,7 @@ def test_ray_cluster_without_gpus_says_what_to_do(ray_head):
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize("ray_head", [GPUS], indirect=True)
 def test_external_ray_ends_a_sigkilled_sessions_actors_and_frees_their_gpus(data, ray_head, tmp_path):
     """
     SIGKILL a driver holding results on an external Ray: Ray ends its rank actors.

@@ -1,0 +1,73 @@
+"""
+Why connecting to an external Ray cluster (``ray_address``) failed, in words that say what to do.
+
+Ray raises ``ConnectionError("Failed to connect to Ray cluster at ...")`` for
+every failed ``ray.init(address=...)``; the reason, when Ray knows it, is the
+exception's cause. The one seen in practice (Ray 2.60, two H200s and this
+project's CPU machine, 2026-11-30): a cluster with token authentication and a
+client that sends no token. ``ray start --head`` turns token authentication on
+when ``~/.ray/auth_token`` exists, and a local ``ray.init()`` (``backend="ray"``
+without ``ray_address``) writes that file; a client only sends the token when
+``RAY_AUTH_MODE=token`` is set in its environment
+(https://docs.ray.io/en/latest/ray-security/token-auth.html).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+#: Ray 2.60 reports a refused token only as text: ``ConnectionError`` caused by
+#: ``RuntimeError("Failed to connect to GCS. Last connection error: Traceback ...
+#: ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: ...")``.
+_AUTH_FAILURE = "InvalidAuthToken"
+
+
+class RayClusterError(RuntimeError):
+    """The Ray cluster at ``ray_address`` could not be used; the message says what to do."""
+
+
+def _causes(exc: BaseException):
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def explain_connect_failure(address: str, exc: BaseException) -> RayClusterError:
+    """
+    Turn Ray's failure to connect to ``address`` into an error that says what to do.
+
+    Parameters
+    ----------
+    address : str
+        The block's ``ray_address``.
+    exc : BaseException
+        What ``ray.init(address=...)`` raised (usually ``ConnectionError``).
+
+    Returns
+    -------
+    RayClusterError
+        To raise ``from exc``. Its message names token authentication when
+        ``exc`` or one of its causes mentions Ray's ``InvalidAuthToken``;
+        otherwise it says nothing answered as a Ray cluster at ``address``.
+    """
+    if any(_AUTH_FAILURE in str(cause) for cause in _causes(exc)):
+        mode = os.environ.get("RAY_AUTH_MODE", "unset")
+        return RayClusterError(
+            f"The Ray cluster at {address} requires token authentication, and this "
+            f"process sent no valid token (RAY_AUTH_MODE is {mode}). Set "
+            "RAY_AUTH_MODE=token in the flow run's environment (for a deployment: the "
+            "work pool's or deployment's `env` job variable), with the cluster's token in "
+            "~/.ray/auth_token or RAY_AUTH_TOKEN. Note: `ray start --head` turns token "
+            "authentication on by itself when ~/.ray/auth_token exists, which a local Ray "
+            "(backend='ray' without ray_address) writes. "
+            "See https://docs.ray.io/en/latest/ray-security/token-auth.html"
+        )
+    return RayClusterError(
+        f"Nothing answered as a Ray cluster at {address} ({type(exc).__name__}: {exc}). "
+        "Check ray_address (host:port of the head's GCS, as `ray start --head` prints), "
+        "that the head is running (`ray status --address ...`), and that this machine "
+        "can reach it; or leave ray_address empty to start a local Ray for the session."
+    )
