@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from prefect_cudf_polars.blocks.engine_errors import iter_exceptions
+
 
 #: Ray 2.60 reports a refused token only as text: ``ConnectionError`` caused by
 #: ``RuntimeError("Failed to connect to GCS. Last connection error: Traceback ...
@@ -25,14 +27,6 @@ _AUTH_FAILURE = "InvalidAuthToken"
 
 class RayClusterError(RuntimeError):
     """The Ray cluster at ``ray_address`` could not be used; the message says what to do."""
-
-
-def _causes(exc: BaseException):
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 def explain_connect_failure(address: str, exc: BaseException) -> RayClusterError:
@@ -53,7 +47,7 @@ def explain_connect_failure(address: str, exc: BaseException) -> RayClusterError
         ``exc`` or one of its causes mentions Ray's ``InvalidAuthToken``;
         otherwise it says nothing answered as a Ray cluster at ``address``.
     """
-    if any(_AUTH_FAILURE in str(cause) for cause in _causes(exc)):
+    if any(_AUTH_FAILURE in str(cause) for cause in iter_exceptions(exc)):
         mode = os.environ.get("RAY_AUTH_MODE", "unset")
         return RayClusterError(
             f"The Ray cluster at {address} requires token authentication, and this "
