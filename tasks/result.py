@@ -282,12 +282,7 @@ class GPUResult:
         A live result becomes ``"released"``. A consumed one keeps its state; any
         partition a claim left unread is freed too.
         """
-        with self._lock:
-            was_live = self._state == "live"
-            if was_live:
-                self._state = "released"
-        if was_live:  # counted first: a drop the engine never answers still counts
-            self._session._released(self, unconsumed=True)
+        self._mark_released()  # counted first: a drop the engine never answers still counts
         self._drop()
 
     def _release_at_session_end(self) -> None:
@@ -298,6 +293,10 @@ class GPUResult:
         # without calling the engine. The engine's handle is kept: dropping it would
         # run cudf-polars' release finalizer on this thread. The session's queued
         # teardown still releases it on the owner thread if the engine answers.
+        self._mark_released()
+
+    def _mark_released(self) -> None:
+        # A live result becomes "released" and is counted once; other states stay.
         with self._lock:
             was_live = self._state == "live"
             if was_live:
