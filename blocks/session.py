@@ -339,31 +339,28 @@ class EngineSession:
                 self.memory["before_shutdown"] = self._running.memory_in_use()
         finally:
             self._teardown_step = "shutting the engine down"
-            started = time.perf_counter()
-            try:
-                if self._running is not None:
-                    self._shutdown_on_owner(self._running)
-            finally:
-                self.timings["engine_shutdown_s"] = time.perf_counter() - started
-                with self._lock:
-                    self._stopped = True
+            self._shutdown_on_owner()
 
     def _stop_engine(self) -> None:
+        """Shut the engine down on the owner thread and end that thread (a failed open)."""
         if self._owner is None or self._stopped:
             return
+        try:
+            self._owner.submit(self._shutdown_on_owner).result()
+        finally:
+            self._owner.shutdown(wait=True)
+
+    def _shutdown_on_owner(self) -> None:
+        # Timed; the session counts as stopped even if the engine's shutdown raised.
         started = time.perf_counter()
         try:
             if self._running is not None:
-                self._owner.submit(self._shutdown_on_owner, self._running).result()
+                self.shutdown_thread = threading.current_thread().name
+                self._running.shutdown()
         finally:
             self.timings["engine_shutdown_s"] = time.perf_counter() - started
             with self._lock:
                 self._stopped = True
-            self._owner.shutdown(wait=True)
-
-    def _shutdown_on_owner(self, running: RunningEngine) -> None:
-        self.shutdown_thread = threading.current_thread().name
-        running.shutdown()
 
     def _deactivate(self) -> None:
         if self._token is None:
