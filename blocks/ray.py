@@ -1,8 +1,10 @@
 """
 The ``ray`` backend: cudf-polars' ``RayEngine``, one rank (actor) per GPU.
 
-Without ``ray_address`` the engine calls ``ray.init()`` and its shutdown calls
-``ray.shutdown()``: a local Ray the session started and stops. With
+Without ``ray_address`` the engine calls ``ray.init(address="local")`` and its
+shutdown calls ``ray.shutdown()``: a new local Ray the session started and
+stops, even when ``RAY_ADDRESS`` is set or another Ray runs on the machine
+(plain ``ray.init()`` would attach to those; Ray's ``ray.init`` docs). With
 ``ray_address`` it connects (``ray.init(address=...)``); ``ray.shutdown()`` then
 only disconnects this driver, and the cluster keeps running. Ray is optional:
 ``pip install ray``.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from prefect_cudf_polars.blocks.ray_connect import explain_connect_failure
+from prefect_cudf_polars.blocks.ray_connect import explain_connect_failure, reload_auth_token
 from prefect_cudf_polars.blocks.streaming_engine import StreamingRunningEngine
 from prefect_cudf_polars.blocks.streaming_options import engine_kwargs, silence_unstable_warning
 from prefect_cudf_polars.tasks.errors import NoGPUError
@@ -42,7 +44,8 @@ def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
     from cudf_polars.engine.ray import RayEngine
 
     silence_unstable_warning()
-    init = {"address": block.ray_address} if block.ray_address else {}
+    init = {"address": block.ray_address or "local"}
+    reload_auth_token()  # not a token an earlier Ray session in this process loaded
     try:
         engine = RayEngine(ray_init_options=init, **engine_kwargs(block))
     except ConnectionError as exc:

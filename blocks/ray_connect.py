@@ -10,6 +10,10 @@ when ``~/.ray/auth_token`` exists, and a local ``ray.init()`` (``backend="ray"``
 without ``ray_address``) writes that file; a client only sends the token when
 ``RAY_AUTH_MODE=token`` is set in its environment
 (https://docs.ray.io/en/latest/ray-security/token-auth.html).
+
+Ray also keeps the token it loaded for the life of the process: a process that
+ran one Ray session and then connects to a cluster with another token sends the
+old one (:func:`reload_auth_token`).
 """
 
 from __future__ import annotations
@@ -65,3 +69,26 @@ def explain_connect_failure(address: str, exc: BaseException) -> RayClusterError
         "that the head is running (`ray status --address ...`), and that this machine "
         "can reach it; or leave ray_address empty to start a local Ray for the session."
     )
+
+
+def reload_auth_token() -> None:
+    """
+    Make Ray read its authentication token again before the next ``ray.init()``.
+
+    Ray (2.60) loads the token once per process, from ``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, and keeps it. A process
+    that ran a local Ray (whose ``ray.init()`` generates and loads a token)
+    and then connects to a cluster with another token sends the stale one, and
+    the cluster answers ``InvalidAuthToken``; likewise the other way round. Seen
+    on two H200s and reproduced on the CPU, 2026-11-30. Each Ray session calls
+    this before starting, so it uses the token its environment holds now.
+
+    Uses Ray's ``ray._raylet.AuthenticationTokenLoader.reset_cache`` (what
+    ``ray.init()`` itself calls after writing a new token); does nothing with a
+    Ray that has no token authentication.
+    """
+    try:
+        from ray._raylet import AuthenticationTokenLoader
+    except ImportError:
+        return
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -7,6 +7,9 @@ and its children, through the environment) get ``RAY_AUTH_MODE=token`` and one
 authentication on whenever ``~/.ray/auth_token`` exists (a local ``ray.init()``
 writes it), while a client without ``RAY_AUTH_MODE=token`` sends no token; the
 outcome then depends on which test ran first (seen on two H200s, 2026-11-30).
+Ray also keeps a token it loaded for the life of the process, so the fixture
+makes this process reload it after setting the head's token and after putting
+the environment back (``reload_auth_token``).
 Test modules import the fixture (``from ray_head import ray_head``).
 """
 
@@ -20,6 +23,8 @@ import sys
 import pytest
 from processes import free_port
 
+from prefect_cudf_polars.blocks.ray_connect import reload_auth_token
+
 
 def ray_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the ``ray`` command line (``ray.scripts.scripts``) with this interpreter."""
@@ -30,17 +35,25 @@ def ray_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess
 
 
 @pytest.fixture()
-def ray_head(request, monkeypatch) -> str:
+def ray_head(request) -> str:
     """
     ``host:port`` of a head with ``request.param`` GPUs (default: what Ray detects).
 
     Sets ``RAY_AUTH_MODE=token`` and the head's ``RAY_AUTH_TOKEN`` in this
     process's environment for the test; ``ray stop --force`` after.
     """
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    env = dict(os.environ)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RAY_AUTH_MODE", "token")
+            patch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
+            patch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+            reload_auth_token()
+            yield from _head(request, dict(os.environ))
+    finally:
+        reload_auth_token()
+
+
+def _head(request, env: dict[str, str]):
     port = free_port()
     gpus = getattr(request, "param", None)
     started = ray_cli(
