@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from nvidia_smi import back_to, device_memory_used_mib
+from nvidia_smi import device_memory_used_mib, wait_back_to
 from processes import child_pids, pid_alive, spawn, stop, wait_gone, wait_until
 from ray_head import ray_head  # noqa: F401 (fixture)
 
@@ -114,7 +114,7 @@ def test_external_ray_ends_a_sigkilled_sessions_actors_and_frees_their_gpus(data
     finally:
         ray.shutdown()
 
-    wait_until(lambda: back_to(before), 60, "device memory back to its figure before the session")
+    wait_back_to(before, 60, "device memory back to its figure before the session")
     print(
         f"SIGKILL to rank actors gone on {GPUS} GPUs: {seconds:.3f} s; nvidia-smi memory.used MiB "
         f"before {before}, holding {held}, after {device_memory_used_mib()}"

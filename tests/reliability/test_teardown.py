@@ -30,8 +30,8 @@ from prefect_cudf_polars.blocks import (
     host_store,
 )
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
-from nvidia_smi import back_to, device_memory_used_mib
-from processes import child_pids, pid_alive, stop, wait_until
+from nvidia_smi import device_memory_used_mib, wait_back_to
+from processes import child_pids, pid_alive, stop
 from reliability_fixtures import engine_block, torn_down, subprocess_env  # noqa: F401 (pytest fixtures)
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -226,6 +226,7 @@ def _assert_flow_process_torn_down(evidence: Path, ready: dict, backend: str, *,
 
 @pytest.mark.parametrize("backend", SUBPROCESS_BACKENDS)
 def test_sigterm_to_the_flow_process(backend, tmp_path, orders, subprocess_env):
+    device_memory_before = device_memory_used_mib() if backend != "cpu" else None
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPTS / "flow_until_signalled.py"), str(tmp_path), str(orders)],
         env={**subprocess_env, "PREFECT_CUDF_POLARS_TEST_BACKEND": backend},
@@ -238,6 +239,8 @@ def test_sigterm_to_the_flow_process(backend, tmp_path, orders, subprocess_env):
         if proc.poll() is None:
             proc.kill()
     _assert_flow_process_torn_down(tmp_path, ready, backend)
+    if device_memory_before is not None:
+        wait_back_to(device_memory_before, 60, "device memory back to its figure before")
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(ready["flow_run_id"]).state
     assert state.is_crashed() and "termination signal" in state.message
@@ -286,7 +289,7 @@ def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(backend, tmp_p
         assert worker.poll() is None  # the worker survives the cancellation
         if device_memory_before is not None:
             # Whatever the teardown did, every process that held device memory has ended.
-            wait_until(lambda: back_to(device_memory_before), 60, "device memory back to its figure before")
+            wait_back_to(device_memory_before, 60, "device memory back to its figure before")
         _assert_flow_process_torn_down(tmp_path, ready, backend, group_killed=True)
     finally:
         worker_tree = child_pids(worker.pid) if worker.poll() is None else set()
