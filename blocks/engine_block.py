@@ -85,7 +85,8 @@ class CudfPolarsEngine(Block):
         Seconds to wait for ``dask_scheduler_address`` to answer (default 30).
     ray_address : str or None
         ``backend="ray"``: address of an existing Ray cluster, never stopped;
-        ``None`` starts a local Ray that the session stops.
+        ``None`` starts a new local Ray that the session stops
+        (``ray.init(address="local")``, even when ``RAY_ADDRESS`` is set).
     teardown_timeout : float
         Seconds the session's end waits for the engine to release every result
         and shut down (default 20). Past it the results are marked released
@@ -154,7 +155,7 @@ class CudfPolarsEngine(Block):
     ray_address: str | None = Field(
         default=None,
         description="backend ray: address of an existing Ray cluster (never stopped); "
-        "empty starts a local Ray the session stops.",
+        "empty starts a new local Ray the session stops (even when RAY_ADDRESS is set).",
     )
     teardown_timeout: float = Field(
         default=20.0,
