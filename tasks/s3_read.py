@@ -30,14 +30,12 @@ from prefect import task
 
 from prefect_cudf_polars.blocks.s3_credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.result import GPUResult
-from prefect_cudf_polars.tasks.s3_location import check_readable, is_s3_url, parse_s3_url
+from prefect_cudf_polars.tasks.s3_location import S3Location, check_readable, is_s3_url, parse_s3_url
 from prefect_cudf_polars.tasks.storage_errors import S3AccessError, explain_engine_error
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 if TYPE_CHECKING:
     from prefect_aws import AwsCredentials
-
-    from prefect_cudf_polars.tasks.s3_location import S3Location
 
     from prefect_cudf_polars.blocks.session import EngineSession
 
