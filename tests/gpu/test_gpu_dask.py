@@ -7,18 +7,17 @@ and queries are in ``spread_data.py`` (shared with the Ray tests).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import polars as pl
 import pytest
 from processes import child_pids, spawn, start_dask_scheduler, stop, wait_gone, wait_until
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, gpu_probe
+from session_holder import start_holder
 from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
 
 GPUS = gpu_probe.count_gpus()[0]
@@ -27,8 +26,6 @@ pytestmark = [
     pytest.mark.skipif(GPUS < 2, reason="needs two GPUs or more"),
 ]
 
-#: The process the SIGKILL test kills: a dask session on the external cluster, holding a result.
-HOLDER = Path(__file__).parents[1] / "blocks" / "scripts" / "gpu_session_holder.py"
 #: Seconds from SIGKILL of that process to its state gone from every worker (the lease's
 #: bound; the CPU test, tests/blocks/test_dask_lease.py, measures ~0.02 s).
 LEASE_BOUND_S = 10.0
@@ -123,13 +120,8 @@ def test_external_cluster_drops_a_sigkilled_sessions_results(data, tmp_path):
             start = ours.run(worker_state)
             assert all(s["contexts"] == [] for s in start.values()), start
 
-            out = tmp_path / "holder.out"
-            child = spawn([sys.executable, str(HOLDER), "dask", address, data, str(SMALL_PARTITIONS)], out)
+            child, ready = start_holder("dask", address, data, tmp_path / "holder.out")
             try:
-                wait_until(lambda: "READY " in out.read_text() or child.poll() is not None, 300, "READY")
-                assert child.poll() is None, out.read_text()[-3000:]
-                ready = json.loads(out.read_text().split("READY ", 1)[1].splitlines()[0])
-                print(json.dumps(ready))
                 assert ready["ranks"] == list(range(GPUS)) and "external" in ready["cluster"]
                 uid = ready["uid"]
                 held = ours.run(worker_state)

@@ -8,27 +8,23 @@ on 127.0.0.1 started here; a local Ray is started and stopped by the session.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from nvidia_smi import device_memory_used_mib, wait_back_to
-from processes import child_pids, pid_alive, spawn, stop, wait_gone, wait_until
+from processes import child_pids, pid_alive, stop, wait_gone, wait_until
 from ray_head import ray_head  # noqa: F401 (fixture)
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, NoGPUError, gpu_probe
+from session_holder import start_holder
 from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
 
 ray = pytest.importorskip("ray", reason="backend='ray' needs Ray (pip install ray)")
 
 GPUS = gpu_probe.count_gpus()[0]
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
-#: The process the SIGKILL test kills: a ray session on the external cluster, holding a result.
-HOLDER = Path(__file__).parents[1] / "blocks" / "scripts" / "gpu_session_holder.py"
 
 
 def test_local_ray_started_and_stopped_by_the_session(data):
@@ -86,15 +82,8 @@ def test_external_ray_ends_a_sigkilled_sessions_actors_and_frees_their_gpus(data
     ``nvidia-smi`` memory.used on every GPU back to its figure before the session.
     """
     before = device_memory_used_mib()
-    out = tmp_path / "holder.out"
-    child = spawn(
-        [sys.executable, str(HOLDER), "ray", ray_head, data, str(SMALL_PARTITIONS)], out
-    )
+    child, ready = start_holder("ray", ray_head, data, tmp_path / "holder.out")
     try:
-        wait_until(lambda: "READY " in out.read_text() or child.poll() is not None, 300, "READY")
-        assert child.poll() is None, out.read_text()[-3000:]
-        ready = json.loads(out.read_text().split("READY ", 1)[1].splitlines()[0])
-        print(json.dumps(ready))
         assert ready["ranks"] == list(range(GPUS)) and ready["cluster"] == f"external Ray {ray_head}"
         actors = set(ready["actor_pids"])
         assert len(actors) == GPUS and all(pid_alive(p) for p in actors)
