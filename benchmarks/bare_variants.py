@@ -14,7 +14,6 @@ block fields as the Prefect variant's, created and shut down on the calling thre
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
@@ -23,6 +22,7 @@ import polars as pl
 from benchmarks.pipelines import Paths, Pipeline
 from benchmarks.timing import RunOutcome
 from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks.backends.choice import start_backend
 
 
 class BareEngine:
@@ -43,9 +43,8 @@ class BareEngine:
     """
 
     def __init__(self, backend: str, block: CudfPolarsEngine) -> None:
-        module = importlib.import_module(f"prefect_cudf_polars.blocks.{backend}")
         started = time.perf_counter()
-        self.running = module.start(block)
+        self.running = start_backend(backend, block)
         self.start_s = time.perf_counter() - started
         self.backend = backend
         self.engine: Any = self.running.engine

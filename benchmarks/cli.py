@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpus is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(args.gpus))
     from prefect_cudf_polars.blocks import CudfPolarsEngine
-    from prefect_cudf_polars.blocks.session import resolve_backend
+    from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 
     settings = {
         "scale_factors": [sf_label(s) for s in args.scale_factors],

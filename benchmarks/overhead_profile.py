@@ -5,13 +5,13 @@ Where a GPU task's time goes: ``time.perf_counter`` around each piece of our tas
 pieces one ``gpu_task`` call goes through, and sums their time:
 
 ``get_engine_session``
-    the session lookup (``prefect_cudf_polars.blocks.active``);
+    the session lookup, as ``gpu_task`` calls it;
 ``session.execute``
     everything our session does for one query, split into
     ``engine.execute`` (the engine call itself, timed on the owner thread),
-    ``memory reading`` (``_note_memory``: rmm statistics after each query, with
-    its own hop to the owner thread) and the rest: the hop to the owner thread
-    and back, the ``GPUResult`` and its registration;
+    ``memory reading`` (rmm statistics after each query, in the same hop to the
+    owner thread) and the rest: the hop to the owner thread and back, the
+    ``GPUResult`` and its registration;
 ``task, rest``
     the task call as seen from the flow body minus the above: Prefect's task
     engine (task run, states, events, logs) and our ``gpu_task`` wrapper.
@@ -21,6 +21,7 @@ Nothing is changed for good: every wrapped attribute is restored on exit.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -61,12 +62,13 @@ class TaskPathProfile:
             self._restore.append(lambda: setattr(owner, attr, original))
 
     def __enter__(self) -> TaskPathProfile:
-        from prefect_cudf_polars.blocks import active
-
-        running = self.session._running
-        self._wrap(active, "get_engine_session", "get_engine_session", instance=False)
+        # The module, not the decorator of the same name that prefect_cudf_polars.tasks exports.
+        gpu_task_module = importlib.import_module("prefect_cudf_polars.tasks.gpu_task")
+        running = self.session.running_engine
+        self._wrap(gpu_task_module, "get_engine_session", "get_engine_session", instance=False)
         self._wrap(self.session, "execute", "session.execute", instance=True)
-        self._wrap(self.session, "_note_memory", "memory reading", instance=True)
+        self._wrap(running, "memory_per_rank", "memory reading", instance=True)
+        self._wrap(running, "memory_in_use", "memory reading", instance=True)
         self._wrap(running, "execute", "engine.execute", instance=True)
         return self
 

@@ -1,39 +1,60 @@
 """
-Find the engine session of the current flow run, from any task thread.
+Which engine session is active here: in a flow body or any of its task threads.
 
 Two ways make a session active:
 
-* ``with block.session():`` in a flow body sets a context variable; Prefect's
-  thread-pool task runner copies the flow's context into each task thread.
-* :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner` opens a session for
-  the flow run and is reachable as ``FlowRunContext.task_runner``.
+* ``with block.session():`` in a flow body sets :data:`ACTIVE_SESSION`, a
+  context variable; Prefect's thread-pool task runner copies the flow's context
+  into each task thread.
+* :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner` holds a session for
+  the flow run; Prefect keeps the runner as ``FlowRunContext.task_runner``, and
+  the runner shows its session as ``engine_session``.
+
+This module sits below everything that needs the answer (results check it
+before a claim), so it names neither the session nor the task runner class.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextvars
+from typing import TYPE_CHECKING, Any
 
-from prefect_cudf_polars.tasks.errors import NoEngineSessionError
+from prefect_cudf_polars.blocks.errors import NoEngineSessionError
 
 if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.session import EngineSession
+    from prefect_cudf_polars.blocks.session.session import EngineSession
+
+#: The session entered with ``with block.session():`` in this context.
+ACTIVE_SESSION: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "prefect_cudf_polars_session", default=None
+)
+
+NO_SESSION_MESSAGE = (
+    "No cudf-polars engine session is active for this flow run. Give the flow "
+    "one: `@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(...)))`, or "
+    "open one in the flow body: `with CudfPolarsEngine.load('name').session():`. "
+    "GPU tasks must run inside that flow run, on its thread-pool task runner."
+)
 
 
 def active_session_or_none() -> EngineSession | None:
-    """The active, open session here, or ``None``."""
-    from prefect.context import FlowRunContext
+    """
+    The active, open session here, or ``None``.
 
-    from prefect_cudf_polars.blocks.session import ACTIVE_SESSION
-    from prefect_cudf_polars.blocks.task_runner import CudfPolarsTaskRunner
+    Returns
+    -------
+    EngineSession or None
+    """
+    from prefect.context import FlowRunContext
 
     session = ACTIVE_SESSION.get()
     if session is not None and not session.closed:
         return session
     ctx = FlowRunContext.get()
     runner = getattr(ctx, "task_runner", None) if ctx is not None else None
-    if isinstance(runner, CudfPolarsTaskRunner) and runner.session is not None:
-        if not runner.session.closed:
-            return runner.session
+    session = getattr(runner, "engine_session", None)
+    if session is not None and not session.closed:
+        return session
     return None
 
 
@@ -59,11 +80,6 @@ def get_engine_session() -> EngineSession:
     """
     session = active_session_or_none()
     if session is None:
-        raise NoEngineSessionError(
-            "No cudf-polars engine session is active for this flow run. Give the flow "
-            "one: `@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(...)))`, or "
-            "open one in the flow body: `with CudfPolarsEngine.load('name').session():`. "
-            "GPU tasks must run inside that flow run, on its thread-pool task runner."
-        )
+        raise NoEngineSessionError(NO_SESSION_MESSAGE)
     session.announce()
     return session

@@ -40,7 +40,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     Attributes
     ----------
     session : EngineSession or None
-        The flow run's session while the runner is entered.
+        The flow run's session while the runner is entered (also ``engine_session``,
+        the name :func:`~prefect_cudf_polars.blocks.get_engine_session` looks for).
 
     Raises
     ------
@@ -68,6 +69,11 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         super().__init__(max_workers=max_workers)
         self.engine = engine if engine is not None else CudfPolarsEngine()
         self.session: EngineSession | None = None
+
+    @property
+    def engine_session(self) -> EngineSession | None:
+        """The flow run's session while the runner is entered, else ``None``."""
+        return self.session
 
     def duplicate(self) -> CudfPolarsTaskRunner:
         """A fresh, unstarted runner with the same engine and thread count."""

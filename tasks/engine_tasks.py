@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 from prefect import task
 
-from prefect_cudf_polars.tasks.lineage import Lineage
-from prefect_cudf_polars.tasks.query_inputs import as_query, drop_claimed, iter_gpu_results
-from prefect_cudf_polars.tasks.result import GPUResult
-from prefect_cudf_polars.tasks.run_names import collect_run_name, execute_run_name
+from prefect_cudf_polars.blocks import GPUResult, get_engine_session
+from prefect_cudf_polars.blocks.monitoring.run_names import collect_run_name, execute_run_name
+from prefect_cudf_polars.blocks.results.lineage import Lineage
+from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+from prefect_cudf_polars.tasks.inputs import as_query, drop_claimed
 from prefect_cudf_polars.tasks.retry_inputs import recompute_for_retry, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
     warn_if_persistence_requested,
 )
-
-
-def _session() -> Any:
-    from prefect_cudf_polars.blocks.active import get_engine_session
-
-    return get_engine_session()
 
 
 @task(
@@ -56,7 +49,7 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
         If ``query`` is a GPUResult that cannot be read here.
     """
     warn_if_persistence_requested()
-    session = _session()
+    session = get_engine_session()
     lineage = Lineage.of_query(query)
     fresh: list[GPUResult] = []
     try:
@@ -65,7 +58,7 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
         default = query.name if isinstance(query, GPUResult) else "query"
         return session.execute(lf, name=name or default, lineage=lineage)
     finally:
-        drop_claimed(list(iter_gpu_results(query)))
+        drop_claimed(gpu_results_in(query))
         drop_claimed(fresh, release_live=True)
 
 
@@ -94,11 +87,11 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
     TypeError, NoEngineSessionError, ResultReleasedError, ResultConsumedError, WrongEngineError
         As for :func:`execute`.
     """
-    session = _session()
+    session = get_engine_session()
     fresh: list[GPUResult] = []
     try:
         query = recompute_for_retry(query, session, fresh)
         return session.collect(as_query(query, task="collect"))
     finally:
-        drop_claimed(list(iter_gpu_results(query)))
+        drop_claimed(gpu_results_in(query))
         drop_claimed(fresh, release_live=True)

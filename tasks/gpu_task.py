@@ -9,9 +9,11 @@ from typing import Any, overload
 import polars as pl
 from prefect import Task, task
 
-from prefect_cudf_polars.tasks.lineage import Lineage
-from prefect_cudf_polars.tasks.query_inputs import drop_claimed, iter_gpu_results
-from prefect_cudf_polars.tasks.run_names import fixed_run_name
+from prefect_cudf_polars.blocks import get_engine_session
+from prefect_cudf_polars.blocks.monitoring.run_names import fixed_run_name
+from prefect_cudf_polars.blocks.results.lineage import Lineage
+from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+from prefect_cudf_polars.tasks.inputs import drop_claimed
 from prefect_cudf_polars.tasks.retry_inputs import combined_retry_condition, recompute_for_retry
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
@@ -96,8 +98,6 @@ def gpu_task(
 
         @functools.wraps(user_fn)
         def run_on_engine(*args: Any, **kwargs: Any) -> Any:
-            from prefect_cudf_polars.blocks.active import get_engine_session
-
             if not collect:
                 warn_if_persistence_requested(requested)
             session = get_engine_session()
@@ -108,7 +108,7 @@ def gpu_task(
             except BaseException:
                 drop_claimed(fresh, release_live=True)
                 raise
-            inputs = list(iter_gpu_results((args, kwargs)))
+            inputs = gpu_results_in((args, kwargs))
             try:
                 for result in inputs:
                     result.check_readable()

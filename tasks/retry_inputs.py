@@ -9,7 +9,7 @@ failed attempt claimed is consumed (its partitions were moved out, or freed
 when the attempt failed), so the retry would read nothing. Here each such
 input — consumed by *this* task run (same task run id, the one Prefect keeps
 across attempts) — is produced again from its lineage
-(:mod:`~prefect_cudf_polars.tasks.lineage`) on the same session, and the retry
+(:mod:`~prefect_cudf_polars.blocks.results.lineage`) on the same session, and the retry
 runs on the fresh result. An input consumed by *another* task run is a
 fan-out mistake and keeps raising :class:`ResultConsumedError` (pointing to
 ``tee``). When the lineage cannot be replayed the attempt raises
@@ -21,15 +21,12 @@ task run fails at once with the reason.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from prefect_cudf_polars.tasks.errors import CannotRecomputeError
-from prefect_cudf_polars.tasks.lineage import map_results
-from prefect_cudf_polars.tasks.result import GPUResult
-from prefect_cudf_polars.tasks.run_identity import current_run_id
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.session import EngineSession
+from prefect_cudf_polars.blocks import EngineSession, GPUResult
+from prefect_cudf_polars.blocks.errors import CannotRecomputeError
+from prefect_cudf_polars.blocks.results.run_identity import current_run_id
+from prefect_cudf_polars.blocks.results.walker import replace_gpu_results
 
 
 def recompute_for_retry(
@@ -81,7 +78,7 @@ def recompute_for_retry(
         fresh.append(new)
         return new
 
-    return map_results(obj, swap)
+    return replace_gpu_results(obj, swap)
 
 
 def retry_unless_cannot_recompute(task: Any, task_run: Any, state: Any) -> bool:

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from prefect.serializers import PickleSerializer, Serializer
 
-from prefect_cudf_polars.tasks.errors import HostPersistenceError
-from prefect_cudf_polars.tasks.query_inputs import iter_gpu_results
-from prefect_cudf_polars.tasks.result import PICKLE_MESSAGE
+from prefect_cudf_polars.blocks.errors import HostPersistenceError
+from prefect_cudf_polars.blocks.results.result import PICKLE_MESSAGE
+from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 
 #: Prefix of host values this serializer writes (anything without it is refused on load).
 HOST_HEADER = b"prefect-cudf-polars:host:"
@@ -48,11 +48,13 @@ class GPUResultSerializer(Serializer):
         HostPersistenceError
             If ``obj`` is or contains a :class:`GPUResult`.
         """
-        if (found := next(iter_gpu_results(obj), None)) is not None:
+        results = gpu_results_in(obj)
+        if results:
+            first = results[0]
             raise HostPersistenceError(
-                PICKLE_MESSAGE.format(name=found.name, id=found.id),
-                result_id=found.id,
-                result_name=found.name,
+                PICKLE_MESSAGE.format(name=first.name, id=first.id),
+                result_id=first.id,
+                result_name=first.name,
             )
         return HOST_HEADER + PickleSerializer().dumps(obj)
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prefect.cache_policies import NO_CACHE, CachePolicy
-from prefect.cache_policies import _None as NoCachePolicy
 
+from prefect_cudf_polars.blocks.monitoring.artifacts import create_run_artifact, persistence_refusal_markdown
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
 
 
@@ -61,7 +61,7 @@ def persistence_requests(options: Mapping[str, Any] | Any) -> list[str]:
     if get("result_storage_key"):
         reasons.append(f"result_storage_key={get('result_storage_key')!r}")
     policy = get("cache_policy")
-    if isinstance(policy, CachePolicy) and not isinstance(policy, NoCachePolicy):
+    if isinstance(policy, CachePolicy) and not isinstance(policy, type(NO_CACHE)):
         reasons.append(f"cache_policy={type(policy).__name__}")
     if get("cache_key_fn") is not None:
         reasons.append("cache_key_fn")
@@ -101,8 +101,6 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
         ", ".join(reasons),
     )
     # Visible on the task run in the UI too, not only as a log line.
-    from prefect_cudf_polars.tasks.artifacts import create_run_artifact, persistence_refusal_markdown
-
     create_run_artifact(
         persistence_refusal_markdown(ctx.task.name, reasons),
         description=f"Result persistence refused for task {ctx.task.name!r}: nothing was persisted",

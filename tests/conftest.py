@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_cudf_polars.blocks import gpu_probe
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

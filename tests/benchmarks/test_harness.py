@@ -23,7 +23,7 @@ import polars.selectors as cs
 import pytest
 from polars.testing import assert_frame_equal
 
-from prefect_cudf_polars.blocks import gpu_probe
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 
 # benchmarks/ is a folder of the repository, not an installed package.
 ROOT = Path(__file__).resolve().parents[2]

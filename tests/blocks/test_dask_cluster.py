@@ -18,7 +18,7 @@ pytest.importorskip("distributed")
 from distributed import Client, LocalCluster  # noqa: E402
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine  # noqa: E402
-from prefect_cudf_polars.blocks.dask_cluster import (  # noqa: E402
+from prefect_cudf_polars.blocks.backends.dask.cluster import (  # noqa: E402
     DaskClusterError,
     check_gpu_workers,
     connect,
@@ -55,7 +55,7 @@ def test_external_cluster_is_left_running():
 
 def test_connection_to_external_cluster_closes_only_its_client(monkeypatch):
     # Pretend the external CPU workers had GPUs of their own, to get past the check.
-    import prefect_cudf_polars.blocks.dask_cluster as dc
+    import prefect_cudf_polars.blocks.backends.dask.cluster as dc
 
     monkeypatch.setattr(dc, "check_gpu_workers", lambda reports, address: len(reports))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as external:

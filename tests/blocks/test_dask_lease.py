@@ -27,7 +27,7 @@ pytest.importorskip("distributed")
 import cloudpickle  # noqa: E402
 from distributed import Client  # noqa: E402
 
-from prefect_cudf_polars.blocks import dask_lease  # noqa: E402
+from prefect_cudf_polars.blocks.backends.dask import lease as dask_lease  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ import weakref
 import polars as pl
 import pytest
 
-from prefect_cudf_polars.blocks.engine_errors import raise_engine_error
+from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 
 
 class Chunk:

@@ -12,8 +12,8 @@ from prefect import flow
 from api_reads import artifacts_of, events_of, related_ids, task_runs_of
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
-from prefect_cudf_polars.tasks.artifacts import summary_key
-from prefect_cudf_polars.tasks import events as ev
+from prefect_cudf_polars.blocks.monitoring.artifacts import summary_key
+from prefect_cudf_polars.blocks.monitoring import events as ev
 
 
 @gpu_task(name="customer-totals")

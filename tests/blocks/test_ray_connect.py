@@ -23,7 +23,7 @@ pytest.importorskip("ray", reason="needs Ray (pip install ray)")
 CLIENT = """
 import json, sys
 import ray
-from prefect_cudf_polars.blocks.ray_connect import explain_connect_failure
+from prefect_cudf_polars.blocks.backends.ray.connect import explain_connect_failure
 try:
     ray.init(address=sys.argv[1])
 except ConnectionError as exc:
@@ -37,8 +37,8 @@ else:
 AFTER_A_LOCAL_RAY = """
 import json, os, sys
 import ray
-from prefect_cudf_polars.blocks.engine_errors import iter_exceptions
-from prefect_cudf_polars.blocks.ray_connect import reload_auth_token
+from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
+from prefect_cudf_polars.blocks.backends.ray.connect import reload_auth_token
 
 def connect(address):
     try:

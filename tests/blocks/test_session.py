@@ -17,9 +17,10 @@ from prefect_cudf_polars.blocks import (
     SessionError,
     get_engine_session,
 )
-from prefect_cudf_polars.blocks import gpu_probe, host_store
-from prefect_cudf_polars.blocks.cpu import CpuRunningEngine
-from prefect_cudf_polars.blocks.session import resolve_backend
+from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe
+from prefect_cudf_polars.blocks.backends.cpu import CpuRunningEngine
+from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 from prefect_cudf_polars.tasks import ResultReleasedError
 
 
@@ -195,7 +196,7 @@ def test_teardown_within_the_limit_is_complete(cpu_block, orders):
 
 def test_teardown_stuck_inside_a_release_still_counts_every_result(orders, monkeypatch):
     """The engine stops answering while the teardown releases the first result."""
-    from prefect_cudf_polars.blocks.cpu import HostPersistedResult
+    from prefect_cudf_polars.blocks.backends.cpu import HostPersistedResult
 
     engine_answers = threading.Event()
     original = HostPersistedResult.release

@@ -15,7 +15,7 @@ from prefect_cudf_polars.blocks import (
     NoEngineSessionError,
     get_engine_session,
 )
-from prefect_cudf_polars.blocks import host_store
+from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import collect, execute
 
 

@@ -16,7 +16,8 @@ import polars as pl
 import pytest
 from processes import child_pids, spawn, start_dask_scheduler, stop, wait_gone, wait_until
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, gpu_probe
+from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 from session_holder import start_holder
 from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
 
@@ -85,7 +86,7 @@ def test_external_cluster_drops_a_sigkilled_sessions_results(data, tmp_path):
     def worker_state(dask_worker=None) -> dict:
         from cudf_polars.engine import rank_local_store
 
-        from prefect_cudf_polars.blocks.device_memory import rank_allocated_bytes
+        from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes
 
         return {
             "stores": sorted(rank_local_store._stores),

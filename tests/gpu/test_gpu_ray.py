@@ -17,7 +17,8 @@ from nvidia_smi import device_memory_used_mib, wait_back_to
 from processes import child_pids, pid_alive, stop, wait_gone, wait_until
 from ray_head import ray_head  # noqa: F401 (fixture)
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, NoGPUError, gpu_probe
+from prefect_cudf_polars.blocks import CudfPolarsEngine, NoGPUError
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 from session_holder import start_holder
 from spread_data import SMALL_PARTITIONS, check_results_on_every_rank, data, query  # noqa: F401 (fixture)
 

@@ -18,7 +18,7 @@ from polars.testing import assert_frame_equal
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.streaming_engine import StreamingRunningEngine
+from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine
 from prefect_cudf_polars.tasks import (
     GPUResult,
     HostPersistenceError,
@@ -70,7 +70,7 @@ def test_chain_on_the_gpu_equals_polars_on_the_cpu(spmd, big):
         r = execute(pl.scan_parquet(big).filter(pl.col("y") < 50), name="filtered")
         from cudf_polars.engine.persisted_result import PersistedQueryResult
 
-        assert isinstance(r._persisted, PersistedQueryResult)
+        assert isinstance(r.persisted.query_result, PersistedQueryResult)
         assert r.backend == "spmd" and r.ranks == [0]
         s = summarise(r)
         return collect(s.lazy().sort("key")), session

@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, host_store
+from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks.backends import host_store
 from processes import child_pids, pid_alive
 
 

@@ -22,9 +22,9 @@ from prefect_cudf_polars.blocks import (
     CudfPolarsTaskRunner,
     SessionError,
     get_engine_session,
-    host_store,
 )
-from prefect_cudf_polars.blocks.engine_errors import translate_engine_error
+from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.engine_errors import translate_engine_error
 from prefect_cudf_polars.tasks import (
     DeviceMemoryError,
     GPUResult,
@@ -283,7 +283,7 @@ def test_device_memory_exhausted_names_the_option_that_spills(cpu_block, orders,
         r = session.execute(pl.scan_parquet(orders))
         with pytest.raises(DeviceMemoryError, match=r"lower `spill_device_limit`.*cudf-polars said: Try lowering"):
             session.execute(r.lazy().map_batches(exhausts))
-        r._drop()  # as the tasks do after a failed engine call
+        r.release()  # as the tasks do after a failed engine call
         assert kept.state == "live" and session.collect(kept.lazy()).height == 1000
 
 

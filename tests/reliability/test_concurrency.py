@@ -2,7 +2,7 @@
 32 tasks submitted at once against one engine session.
 
 Engine calls are serialized on the session's owner thread (see the developer
-notes of ``blocks/session.py``: rapidsmpf needs one thread to create, use and
+notes of ``blocks/session/owner.py``: rapidsmpf needs one thread to create, use and
 shut down an engine, and a single-rank engine's stream pool and store are not
 promised thread-safe). Here 32 task threads call the engine together: every
 result is right, no call overlaps another, and the flow run ends (a
@@ -17,9 +17,10 @@ import polars as pl
 import pytest
 from prefect import flow
 
-from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, host_store
-from prefect_cudf_polars.blocks.cpu import CpuRunningEngine
-from prefect_cudf_polars.blocks.streaming_engine import StreamingRunningEngine
+from prefect_cudf_polars.blocks import CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import CpuRunningEngine
+from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 

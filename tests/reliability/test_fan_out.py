@@ -6,7 +6,8 @@ import polars as pl
 import pytest
 from prefect import flow
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, host_store
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import (
     CannotRecomputeError,
     GPUResult,

@@ -29,7 +29,8 @@ import polars as pl
 import pytest
 from prefect import flow
 
-from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, get_engine_session, host_store
+from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, get_engine_session
+from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 
@@ -57,9 +58,9 @@ def cudf_polars_alone(orders: Path, steps: int) -> list[int]:
     """The same chain on cudf-polars' ``SPMDEngine`` alone: rmm's figure every 100 steps (bytes)."""
     from cudf_polars.engine.spmd import SPMDEngine
 
-    from prefect_cudf_polars.blocks.device_memory import rank_allocated_bytes
+    from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes
     from prefect_cudf_polars.blocks import CudfPolarsEngine
-    from prefect_cudf_polars.blocks.streaming_options import engine_kwargs, silence_unstable_warning
+    from prefect_cudf_polars.blocks.backends.streaming_options import engine_kwargs, silence_unstable_warning
 
     silence_unstable_warning()
     figures = []
@@ -140,7 +141,7 @@ def test_results_held_by_futures_after_consumption_keep_no_engine_memory(engine_
         futures = [heavy.submit(str(orders)) for _ in range(4)]
         counts = [rows(f) for f in futures]  # consumes each result; the futures still hold them
         results = [f.result() for f in futures]
-        probes["persisted"] = [r._persisted for r in results]
+        probes["persisted"] = [r.persisted for r in results]
         probes["store"] = host_store.total_partitions()
         session = get_engine_session()
         probes["engine_memory_back_to_start"] = session.memory_in_use() == session.memory["at_start"]
@@ -164,9 +165,9 @@ def test_a_consumed_handles_persisted_result_is_garbage_collected(cpu_block, ord
     store_before = host_store.total_partitions()
     with cpu_block.session() as session:
         r = session.execute(pl.scan_parquet(orders))
-        probe = weakref.ref(r._persisted)
+        probe = weakref.ref(r.persisted)
         assert session.collect(r.lazy()).height == 1000
-        r._drop()  # what the tasks do after the engine call
+        r.release()  # what the tasks do after the engine call
         gc.collect()
         assert probe() is None  # the handle `r` is alive, the engine's result is not
         assert r.state == "consumed"

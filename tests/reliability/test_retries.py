@@ -11,7 +11,8 @@ import polars as pl
 import pytest
 from prefect import flow
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, host_store
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import (
     CannotRecomputeError,
     GPUResult,
@@ -156,7 +157,7 @@ def test_retry_before_the_input_was_read_uses_the_original(engine_block, orders)
 
 
 def test_execute_and_collect_with_retries_recompute_too(orders, monkeypatch):
-    from prefect_cudf_polars.blocks.cpu import CpuRunningEngine
+    from prefect_cudf_polars.blocks.backends.cpu import CpuRunningEngine
 
     failures = {"execute": 1, "collect": 1}
     armed = []

@@ -27,8 +27,8 @@ from prefect.client.orchestration import get_client
 from prefect_cudf_polars.blocks import (
     CudfPolarsTaskRunner,
     get_engine_session,
-    host_store,
 )
+from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from nvidia_smi import device_memory_used_mib, wait_back_to
 from processes import child_pids, pid_alive, stop

@@ -22,7 +22,7 @@ from polars.testing import assert_frame_equal
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.s3_credentials import resolve_s3_access
+from prefect_cudf_polars.tasks.storage.credentials import resolve_s3_access
 from prefect_cudf_polars.tasks import (
     GPUResult,
     S3AccessError,
@@ -31,7 +31,7 @@ from prefect_cudf_polars.tasks import (
     read_parquet,
     sink_parquet,
 )
-from prefect_cudf_polars.tasks.s3_read import run_reading_s3, scan_parquet
+from prefect_cudf_polars.tasks.storage.read import run_reading_s3, scan_parquet
 
 from s3_fixtures import bucket, moto_s3, upload  # noqa: F401 (fixtures)
 
@@ -101,7 +101,7 @@ def _read_on_gpu(engine, url, creds):
         from cudf_polars.engine.persisted_result import PersistedQueryResult
 
         r = read_parquet(url, creds, predicate=pl.col("y") < 50, name="trips")
-        assert isinstance(r._persisted, PersistedQueryResult), type(r._persisted)
+        assert isinstance(r.persisted.query_result, PersistedQueryResult), type(r.persisted)
         assert r.backend == engine.backend
         return collect(summarise(r))
 

@@ -12,8 +12,8 @@ from prefect_aws import AwsClientParameters, AwsCredentials
 from pydantic import SecretStr
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.aws_environment import aws_environment, run_with_aws_environment
-from prefect_cudf_polars.blocks.s3_credentials import resolve_s3_access, scrub
+from prefect_cudf_polars.blocks.backends.environment import environment as aws_environment
+from prefect_cudf_polars.tasks.storage.credentials import resolve_s3_access, scrub
 
 SECRET = "s3cr3t/KEY+with=odd-chars"
 KEY_ID = "AKIAEXAMPLEKEYID0001"
@@ -114,7 +114,7 @@ def test_engine_call_sees_the_environment_on_the_owner_thread(cpu_block):
                 ctx.task_run.name if ctx else None
             )
 
-        seen, thread, run = run_with_aws_environment(session, env, probe)
+        seen, thread, run = session.run_with_environment(env, probe)
         return seen, thread, run
 
     @flow(task_runner=CudfPolarsTaskRunner(cpu_block))

@@ -8,10 +8,10 @@ from polars.testing import assert_frame_equal
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsTaskRunner
-from prefect_cudf_polars.blocks.s3_credentials import resolve_s3_access
+from prefect_cudf_polars.tasks.storage.credentials import resolve_s3_access
 from prefect_cudf_polars.tasks import GPUResult, S3AccessError, collect, read_parquet
-from prefect_cudf_polars.tasks.s3_read import scan_parquet
-from prefect_cudf_polars.tasks.storage_errors import explain_engine_error
+from prefect_cudf_polars.tasks.storage.read import scan_parquet
+from prefect_cudf_polars.tasks.storage.errors import explain_engine_error
 from s3_fixtures import moto_s3, bucket, trips_df, upload  # noqa: F401 (fixtures)
 
 
@@ -145,7 +145,7 @@ def test_gpu_style_scan_reads_with_the_environment_only(moto_s3, bucket, upload,
     come from the environment set around the engine call. moto enforces signatures
     here, so this read succeeds only if the environment's keys were used.
     """
-    from prefect_cudf_polars.blocks.aws_environment import aws_environment
+    from prefect_cudf_polars.blocks.backends.environment import environment as aws_environment
 
     upload(bucket, "t.parquet", trips_df)
     access = resolve_s3_access(moto_s3.credentials())
@@ -175,7 +175,7 @@ def _fails_like_the_gpu_reader() -> None:
 def test_a_gpu_read_error_without_the_servers_answer_is_explained_by_asking_it(
     cpu_block, moto_s3, bucket, upload, trips_df, keys, path, reason
 ):
-    from prefect_cudf_polars.tasks.s3_read import run_reading_s3
+    from prefect_cudf_polars.tasks.storage.read import run_reading_s3
 
     upload(bucket, "t.parquet", trips_df)
     wrong = "WRONG/secret+value-abcdef"

@@ -10,7 +10,7 @@ from polars.testing import assert_frame_equal
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsTaskRunner
-from prefect_cudf_polars.blocks.s3_credentials import resolve_s3_access
+from prefect_cudf_polars.tasks.storage.credentials import resolve_s3_access
 from prefect_cudf_polars.tasks import (
     GPUResult,
     ParquetSinkSummary,

@@ -20,7 +20,7 @@ from prefect_cudf_polars.tasks import (
     WrongEngineError,
     execute,
 )
-from prefect_cudf_polars.tasks.errors import GPUResultError
+from prefect_cudf_polars.blocks.errors import GPUResultError
 
 
 def test_states_and_metadata(cpu_block, orders):

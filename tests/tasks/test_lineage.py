@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from collections import namedtuple
 
 import polars as pl
 import pytest
 
-from prefect_cudf_polars.blocks import host_store
+from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import CannotRecomputeError, GPUResult
-from prefect_cudf_polars.tasks.lineage import Lineage, map_results, plan_reads_in_process_source
-
-
-def test_map_results_rebuilds_only_what_holds_a_result(cpu_block, orders):
-    Pair = namedtuple("Pair", "left right")
-    plain = (1, [2, {"k": 3}], Pair(1, 2))
-    assert map_results(plain, lambda r: r) is plain
-    with cpu_block.session() as session:
-        r = session.execute(pl.scan_parquet(orders))
-        swapped = map_results((r, [r], {"x": Pair(r, 1)}), lambda _: "fresh")
-        assert swapped == ("fresh", ["fresh"], {"x": Pair("fresh", 1)})
-        assert isinstance(swapped[2]["x"], Pair)
+from prefect_cudf_polars.blocks.results.lineage import Lineage, plan_reads_in_process_source
 
 
 def test_in_process_sources_are_found_in_a_plan(cpu_block, orders):

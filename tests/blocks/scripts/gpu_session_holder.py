@@ -29,7 +29,7 @@ def main(backend: str, address: str, path: str, partition_bytes: int) -> None:
     block = CudfPolarsEngine(backend=backend, target_partition_size=partition_bytes, **{where: address})
     session = block.session().__enter__()
     kept = session.execute(pl.scan_parquet(path).filter(pl.col("y") < 50), name="kept")
-    running = session._running
+    running = session.running_engine
     ready = {
         "ranks": sorted(kept.ranks),
         "rmm_per_rank": session.run(running.memory_per_rank),

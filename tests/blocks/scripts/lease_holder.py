@@ -70,7 +70,7 @@ def cleanup_for(uid: str):
 def main(address: str, uid: str) -> None:
     from distributed import Client
 
-    from prefect_cudf_polars.blocks import dask_lease
+    from prefect_cudf_polars.blocks.backends.dask import lease as dask_lease
 
     client = Client(address, timeout=30)
     client.run(plant, uid=uid)

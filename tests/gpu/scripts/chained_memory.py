@@ -57,7 +57,7 @@ def referrer_chain(kind: str) -> list[str]:
 
 
 def rmm_bytes() -> int | None:
-    from prefect_cudf_polars.blocks.device_memory import rank_allocated_bytes
+    from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes
 
     return rank_allocated_bytes()
 
@@ -88,7 +88,7 @@ def ours(path: Path) -> dict:
         r = session.execute(pl.scan_parquet(path))
         for i in range(1, STEPS):
             nxt = session.execute(r.lazy().with_columns(pl.col("amount") + 1.0), lineage=None)
-            r._drop()  # as the tasks do once the engine call read the input
+            r.release()  # as the tasks do once the engine call read the input
             r = nxt
             if (i + 1) % EVERY == 0:
                 readings.append({"step": i + 1, "rmm": session.memory_in_use(), **live_counts()})

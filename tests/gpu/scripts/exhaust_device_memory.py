@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
-from prefect_cudf_polars.blocks.device_memory import rank_allocated_bytes
+from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes
 from prefect_cudf_polars.tasks import DeviceMemoryError
 
 LIMIT = 256 * 2**20
@@ -101,7 +101,7 @@ def ours(out: dict, *, fail: bool) -> None:
 def alone(out: dict) -> None:
     from cudf_polars.engine.spmd import SPMDEngine
 
-    from prefect_cudf_polars.blocks.streaming_options import engine_kwargs, silence_unstable_warning
+    from prefect_cudf_polars.blocks.backends.streaming_options import engine_kwargs, silence_unstable_warning
 
     silence_unstable_warning()
     with SPMDEngine(**engine_kwargs(CudfPolarsEngine(backend="spmd", raise_on_fail=True))) as engine:

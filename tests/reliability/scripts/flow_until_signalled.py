@@ -26,7 +26,8 @@ import polars as pl
 from prefect import flow
 from prefect.context import FlowRunContext
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session, host_store
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
+from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import collect, execute
 
 

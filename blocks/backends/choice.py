@@ -1,0 +1,92 @@
+"""
+Which backend a flow run's session runs, and starting it.
+
+``backend="auto"`` picks ``"spmd"`` with one visible GPU and ``"dask"`` with
+several. A GPU backend on a machine without a usable GPU or RAPIDS stack is an
+error (:class:`~prefect_cudf_polars.blocks.NoGPUError`), unless the block's
+``cpu_fallback`` is set: then the ``cpu`` backend runs, with a warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from prefect_cudf_polars.blocks.backends import probe
+from prefect_cudf_polars.blocks.errors import NoGPUError
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.backends.base import RunningEngine
+    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+
+#: The module that starts each backend (imported only when that backend runs:
+#: the GPU ones import cudf-polars).
+BACKEND_MODULES = {
+    "cpu": "prefect_cudf_polars.blocks.backends.cpu",
+    "spmd": "prefect_cudf_polars.blocks.backends.spmd",
+    "dask": "prefect_cudf_polars.blocks.backends.dask.engine",
+    "ray": "prefect_cudf_polars.blocks.backends.ray.engine",
+}
+
+
+def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
+    """
+    Pick the backend to run, from the block and this machine.
+
+    Parameters
+    ----------
+    block : CudfPolarsEngine
+        Its ``backend`` and ``cpu_fallback`` fields.
+
+    Returns
+    -------
+    (backend, warning) : tuple of str and (str or None)
+        ``warning`` is the text to log when the CPU fallback was taken.
+
+    Raises
+    ------
+    NoGPUError
+        A GPU backend was asked for (explicitly or by ``"auto"``), no usable GPU
+        or RAPIDS stack is here, and ``cpu_fallback`` is False.
+    """
+    if block.backend == "cpu":
+        return "cpu", None
+    found = probe.probe()
+    if found.problem is None:
+        if block.backend != "auto":
+            return block.backend, None
+        return ("spmd" if found.gpus == 1 else "dask"), None
+    if block.cpu_fallback:
+        return "cpu", (
+            f"backend={block.backend!r} needs an NVIDIA GPU, but {found.problem}; "
+            "cpu_fallback=True, so this flow run uses the cpu backend (polars on the "
+            "CPU, results in host memory)."
+        )
+    raise NoGPUError(
+        f"backend={block.backend!r} needs an NVIDIA GPU and the RAPIDS packages, but "
+        f"{found.problem}. Run on a GPU machine, or set backend='cpu' (or "
+        "cpu_fallback=True) on the CudfPolarsEngine block to develop on the CPU."
+    )
+
+
+def start_backend(backend: str, block: CudfPolarsEngine) -> RunningEngine:
+    """
+    Start ``backend`` with the block's fields (call on the session's owner thread).
+
+    Parameters
+    ----------
+    backend : {"cpu", "spmd", "dask", "ray"}
+        A resolved backend (see :func:`resolve_backend`).
+    block : CudfPolarsEngine
+        The engine configuration.
+
+    Returns
+    -------
+    RunningEngine
+
+    Raises
+    ------
+    NoGPUError, DaskClusterError, RayClusterError
+        What the backend's ``start`` raises when its engine cannot start.
+    """
+    return importlib.import_module(BACKEND_MODULES[backend]).start(block)

@@ -1,0 +1,141 @@
+"""
+Engine errors users cannot act on, translated into ones they can.
+
+cudf-polars reports a second read of a consumed result as an ``ExceptionGroup``
+wrapping ``RuntimeError("A persisted query result is consumed on read ...")``
+(cudf-polars 26.10); polars' CPU engine reports the ``cpu`` backend's identical
+message inside a ``ComputeError``. Both become
+:class:`~prefect_cudf_polars.tasks.ResultConsumedError`.
+
+cudf-polars reports exhausted device memory as a ``MemoryError`` whose hint
+names its own knobs (``target_partition_size``, ``RAPIDSMPF_SPILL_DEVICE_LIMIT``;
+``cudf_polars.engine.core.execute_ir_on_rank``), sometimes inside an
+``ExceptionGroup``; rmm's ``out_of_memory`` and ``std::bad_alloc`` can also
+surface in other exceptions' text. All become
+:class:`~prefect_cudf_polars.blocks.errors.DeviceMemoryError`, naming the block
+fields to change, with cudf-polars' hint kept at the end.
+
+cudf-polars runs a query as a network of actors and reports an actor's failure
+inside an ``ExceptionGroup('unhandled errors in a TaskGroup', [...])``
+(cudf-polars 26.10; for example a parquet file deleted before a re-scan). When the group holds one
+error, that error is raised instead, so the task run shows
+``FileNotFoundError: ...`` rather than "1 sub-exception".
+
+A failed engine call's traceback frames hold the actors' local variables,
+device buffers among them (a failed query's partial chunks). Prefect keeps a
+failed task run's exception in its state until the flow run ends, and device
+buffers freed after the engine has shut down would outlive their allocator, so
+the frames' local variables are cleared (:func:`traceback.clear_frames`; the
+traceback's file and line records stay printable).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from typing import NoReturn
+
+from prefect_cudf_polars.blocks.errors import DeviceMemoryError, ResultConsumedError
+
+_CONSUMED = "consumed on read"
+_OUT_OF_MEMORY = ("out_of_memory", "std::bad_alloc", "out of memory")
+
+DEVICE_MEMORY_MESSAGE = (
+    "The engine ran out of device memory running this query; its claimed inputs "
+    "were freed and the engine session stays usable. On the CudfPolarsEngine block: "
+    'lower `spill_device_limit` (e.g. "60%") so rapidsmpf spills to host memory '
+    "earlier; lower `target_partition_size` (bytes) for a lower peak; or use "
+    '`device_memory_resource="managed"` (unified memory, can exceed GPU memory). '
+    "Or release results you no longer need (`result.release()`). cudf-polars said: {hint}"
+)
+
+
+def iter_exceptions(exc: BaseException) -> Iterator[BaseException]:
+    """Yield ``exc`` and every exception inside it (group members, causes, contexts), once each."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+        for nxt in (e.__cause__, e.__context__):
+            if nxt is not None:
+                stack.append(nxt)
+
+
+def _single_leaf(exc: BaseException) -> BaseException | None:
+    """The one non-group exception inside a group ``exc``, or ``None`` if it holds several."""
+    leaves = []
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+        else:
+            leaves.append(e)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def drop_frame_locals(exc: BaseException) -> None:
+    """Clear the local variables of the finished frames in the tracebacks of ``exc`` and everything inside it."""
+    for e in iter_exceptions(exc):
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+
+
+def raise_engine_error(exc: BaseException) -> NoReturn:
+    """
+    Raise what an engine call that failed with ``exc`` should raise.
+
+    Clears the failed call's frame locals (:func:`drop_frame_locals`), then
+    raises :func:`translate_engine_error`'s error: ``exc`` itself, a single
+    error unwrapped from cudf-polars' group, or ours chained ``from exc``.
+
+    Raises
+    ------
+    BaseException
+        Always; see :func:`translate_engine_error`.
+    """
+    drop_frame_locals(exc)
+    translated = translate_engine_error(exc)
+    if translated is exc:
+        raise exc
+    if translated in set(iter_exceptions(exc)):
+        raise translated from None  # unwrapped: the group adds nothing but its wrapper
+    raise translated from exc
+
+
+def translate_engine_error(exc: BaseException) -> BaseException:
+    """
+    Return the error to raise for ``exc`` from an engine call.
+
+    Returns
+    -------
+    BaseException
+        A :class:`ResultConsumedError` when ``exc`` says a persisted result was
+        read twice (for example a self-join on one result); a
+        :class:`DeviceMemoryError` when it says device memory ran out; the
+        single error inside ``exc`` when ``exc`` is a group of one; ``exc``
+        itself otherwise.
+    """
+    if isinstance(exc, DeviceMemoryError):
+        return exc
+    for e in iter_exceptions(exc):
+        if isinstance(e, MemoryError) or any(m in str(e) for m in _OUT_OF_MEMORY):
+            return DeviceMemoryError(DEVICE_MEMORY_MESSAGE.format(hint=str(e) or type(e).__name__))
+    if any(_CONSUMED in str(e) for e in iter_exceptions(exc)):
+        return ResultConsumedError(
+            "The query reads a GPU result that was already consumed: results are "
+            "read once (cudf-polars moves each partition out on read), so a query "
+            "may scan a result's .lazy() frame only once (no self-joins on it). "
+            "To read one result in two places, split it first with "
+            "`tee(result, 2)` (prefect_cudf_polars.tasks.tee), or run the producing "
+            "task again for a fresh result."
+        )
+    if isinstance(exc, BaseExceptionGroup) and (leaf := _single_leaf(exc)) is not None:
+        return leaf
+    return exc

@@ -1,0 +1,196 @@
+"""
+Lineage: how a :class:`~prefect_cudf_polars.tasks.GPUResult` was produced, so it can be produced again.
+
+Developer notes
+---------------
+A result is read once (cudf-polars moves its partitions out on read). Two
+things need a consumed result again: a retried task whose first attempt read
+its input and then failed, and a fan-out (:func:`~prefect_cudf_polars.tasks.tee`)
+that needs N results from one. Both use the same root: each result records the
+plan that produced it — the producing function and its arguments, where any
+argument that is itself a result carries its own lineage, down to the scans —
+and a replay runs that plan again on the same engine session.
+
+* ``execute(lf)`` records ``lf``; ``execute(r)`` records ``r``;
+  ``gpu_task(fn)(*args)`` records ``fn`` and ``args``.
+* A replay never reads an existing result: every result argument is replayed
+  from its own lineage first (recursively), so a replay steals no data from
+  another consumer. Fresh inputs the function does not read are released.
+* A query is replayable when its plan reads only files, in-memory frames or
+  other replayable results. A plan holding an in-process IO source (polars'
+  ``PYTHON SCAN``, which is what ``GPUResult.lazy()`` builds) is not: that
+  source was a result's ``.lazy()`` frame, built outside a GPU task, whose
+  data was moved out when it was read. :meth:`Lineage.unreplayable_reason`
+  says so, and callers raise :class:`~prefect_cudf_polars.tasks.CannotRecomputeError`.
+* A replay reads the scans again: if the files changed since, the replayed
+  result reflects the files as they are now.
+
+A lineage holds Python references only (functions, arguments, LazyFrame plans),
+never engine memory: a consumed or released result's partitions are gone
+whatever its lineage keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from prefect_cudf_polars.blocks.errors import CannotRecomputeError
+from prefect_cudf_polars.blocks.results.result import GPUResult
+from prefect_cudf_polars.blocks.results.walker import gpu_results_in, instances_in, replace_gpu_results
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.session.session import EngineSession
+
+#: polars' explain() name of an in-process IO source (register_io_source).
+IN_PROCESS_SCAN = "PYTHON SCAN"
+#: Deepest lineage :meth:`Lineage.unreplayable_reason` follows.
+MAX_LINEAGE_DEPTH = 200
+
+
+def plan_reads_in_process_source(lf: pl.LazyFrame) -> bool:
+    """
+    Whether a LazyFrame's plan holds an in-process IO source (``PYTHON SCAN``).
+
+    ``GPUResult.lazy()`` frames are such sources; so are user IO plugins built
+    with ``polars.io.plugins.register_io_source``. Read from the unoptimized
+    plan (``LazyFrame.explain(optimized=False)``), which runs nothing.
+    """
+    return IN_PROCESS_SCAN in lf.explain(optimized=False)
+
+
+def _run_as_is(query: Any) -> pl.LazyFrame:
+    """The lineage function of ``execute``: the query itself, or the result's frame."""
+    if isinstance(query, GPUResult):
+        return query.lazy()
+    return query
+
+
+class Lineage:
+    """
+    The recorded plan of one result: ``build(*args, **kwargs)`` returns its LazyFrame.
+
+    Parameters
+    ----------
+    build
+        Function returning the query (a ``polars.LazyFrame``); it may call
+        ``.lazy()`` on result arguments.
+    args, kwargs
+        Its arguments as given; results among them (also inside lists, tuples
+        and dicts) are replayed from their own lineage on :meth:`replay`.
+    label
+        Readable name of the step, e.g. ``"gpu_task 'summarise'"``.
+    """
+
+    __slots__ = ("args", "build", "kwargs", "label")
+
+    def __init__(
+        self,
+        build: Callable[..., pl.LazyFrame],
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        label: str,
+    ) -> None:
+        self.build = build
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+        self.label = label
+
+    @classmethod
+    def of_query(cls, query: Any) -> Lineage:
+        """The lineage of ``execute(query)`` (a LazyFrame or a GPUResult)."""
+        label = "execute(LazyFrame)" if isinstance(query, pl.LazyFrame) else "execute(GPUResult)"
+        return cls(_run_as_is, (query,), label=label)
+
+    def unreplayable_reason(self, _depth: int = 0) -> str | None:
+        """
+        Why this lineage cannot be run again, or ``None`` when it can.
+
+        Returns
+        -------
+        str or None
+            One sentence naming the step and the input that stops the replay.
+        """
+        if _depth > MAX_LINEAGE_DEPTH:
+            return f"its lineage is deeper than {MAX_LINEAGE_DEPTH} steps (at {self.label})"
+        for value in gpu_results_in((self.args, self.kwargs)):
+            if value.lineage is None:
+                return (
+                    f"its input {value.name!r} (id {value.id}) has no recorded lineage "
+                    f"(at {self.label})"
+                )
+            reason = value.lineage.unreplayable_reason(_depth + 1)
+            if reason is not None:
+                return reason
+        for value in instances_in((self.args, self.kwargs), pl.LazyFrame):
+            if plan_reads_in_process_source(value):
+                return (
+                    f"the query given to {self.label} reads an in-process source — a "
+                    "GPUResult's .lazy() frame built outside a GPU task — whose data "
+                    "was moved out when it was read, and prefect-cudf-polars cannot "
+                    "tell which result it was. Pass the GPUResult itself to a gpu_task "
+                    "(or to execute) so its lineage is recorded"
+                )
+        return None
+
+    def replay(self, session: EngineSession, *, name: str) -> GPUResult:
+        """
+        Run the plan again on ``session`` and return a fresh, live result.
+
+        Every result argument is first replayed from its own lineage (never read
+        from the engine's store); fresh inputs the function leaves unread are
+        released before returning.
+
+        Parameters
+        ----------
+        session
+            The open engine session (the one that produced the original result).
+        name
+            Name of the fresh result.
+
+        Returns
+        -------
+        GPUResult
+            Live, registered in ``session``, with this same lineage.
+
+        Raises
+        ------
+        CannotRecomputeError
+            When :meth:`unreplayable_reason` is not ``None``.
+        TypeError
+            When the function no longer returns a LazyFrame.
+        Exception
+            Whatever the engine raises running the plan (for example a scanned
+            file that is gone).
+        """
+        reason = self.unreplayable_reason()
+        if reason is not None:
+            raise CannotRecomputeError(
+                f"Cannot recompute {name!r}: {reason}.", result_name=name, reason=reason
+            )
+        fresh: list[GPUResult] = []
+
+        def replay_input(result: GPUResult) -> GPUResult:
+            assert result.lineage is not None  # checked by unreplayable_reason
+            new = result.lineage.replay(session, name=result.name)
+            fresh.append(new)
+            return new
+
+        try:
+            args, kwargs = replace_gpu_results((self.args, self.kwargs), replay_input)
+            lf = self.build(*args, **kwargs)
+            if not isinstance(lf, pl.LazyFrame):
+                raise TypeError(
+                    f"Replaying {self.label} for {name!r}: the step returned "
+                    f"{type(lf).__name__}, not a polars LazyFrame."
+                )
+            return session.execute(lf, name=name, lineage=self)
+        finally:
+            for result in fresh:  # a live one was left unread; a consumed one may hold leftovers
+                result.release()
+
+    def __repr__(self) -> str:
+        return f"Lineage({self.label})"

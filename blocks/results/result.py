@@ -1,0 +1,424 @@
+"""
+``GPUResult``: the handle a GPU task returns.
+
+A ``GPUResult`` wraps a backend's persisted result (cudf-polars'
+``PersistedQueryResult`` behind its adapter, or the ``cpu`` backend's host
+counterpart) and adds the rules cudf-polars states but does not guard:
+
+* **States.** ``"live"`` until the first :meth:`GPUResult.lazy` claims it,
+  then ``"consumed"``; ``"released"`` after :meth:`GPUResult.release`, the end
+  of its ``with`` block, or the end of its session.
+* **One claim.** The first ``.lazy()`` names its consumer (the task run, or the
+  flow run when called in a flow body); a second claim raises
+  :class:`~prefect_cudf_polars.blocks.errors.ResultConsumedError` with that name.
+* **One session.** A claim from another active session raises
+  :class:`~prefect_cudf_polars.blocks.errors.WrongEngineError` before cudf-polars
+  is called.
+* **One process.** Pickling raises
+  :class:`~prefect_cudf_polars.blocks.errors.HostPersistenceError`: the
+  partitions live in GPU memory of this process, and cudf-polars' result
+  pickles silently (its finalizer is simply lost), so nothing else would stop
+  Prefect.
+* **Lineage.** Each result remembers the plan that produced it
+  (:mod:`~prefect_cudf_polars.blocks.results.lineage`), so a retried task or a
+  ``tee`` can produce it again after it was read.
+* **No engine memory after use.** Once released, or consumed and released, a
+  result lets go of the backend's persisted result, so a handle that Prefect's
+  futures or states keep after consumption holds no engine memory.
+* **Stable hash.** Prefect cache keys see the result id, through
+  ``prefect.cache_policies.STABLE_TRANSFORMS`` (top-level arguments) and a
+  pydantic serializer (results inside lists or dicts, which Prefect hashes as
+  JSON), never by pickling. Two results never share an id.
+
+The session and its results talk through two small interfaces:
+:class:`ResultOwner` (what a result asks of the session that produced it) and
+the result's :meth:`~GPUResult.release` / :meth:`~GPUResult.mark_released`
+(what a session asks of its results when it ends).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import polars as pl
+from pydantic_core import SchemaSerializer, core_schema
+
+from prefect_cudf_polars.blocks.active import active_session_or_none
+from prefect_cudf_polars.blocks.errors import (
+    HostPersistenceError,
+    ResultConsumedError,
+    ResultReleasedError,
+    WrongEngineError,
+)
+from prefect_cudf_polars.blocks.results.run_identity import current_run_id, current_run_name
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.backends.base import PersistedResult
+    from prefect_cudf_polars.blocks.results.lineage import Lineage
+
+State = Literal["live", "consumed", "released"]
+
+PICKLE_MESSAGE = (
+    "GPUResult {name!r} (id {id}) cannot be pickled or persisted: its partitions "
+    "live in GPU memory of the process that holds the engine. Pass GPU results "
+    "only between tasks of one flow run with the thread-pool task runner "
+    "(CudfPolarsTaskRunner, or Prefect's default ThreadPoolTaskRunner inside "
+    "`with block.session():`), not a process-based runner (Dask, Ray, "
+    "ProcessPool), and do not persist them. To keep data, collect it to the "
+    "host (the `collect` task) or write it to parquet."
+)
+
+
+class ResultOwner(Protocol):
+    """
+    What a :class:`GPUResult` asks of the engine session that produced it.
+
+    :class:`~prefect_cudf_polars.blocks.EngineSession` implements it.
+
+    Attributes
+    ----------
+    id : str
+        The session's id.
+    backend : str or None
+        The session's resolved backend.
+    closed : bool
+        Whether the session has ended.
+    """
+
+    id: str
+    backend: str | None
+
+    @property
+    def closed(self) -> bool: ...
+
+    def result_claimed(self, result: GPUResult) -> None:
+        """``result`` was claimed by its reader: it is no longer live."""
+        ...
+
+    def result_released(self, result: GPUResult) -> None:
+        """``result`` was released before anyone read it."""
+        ...
+
+    def release_on_engine(self, release: Callable[[], None]) -> None:
+        """Run ``release`` on the engine's owner thread while the engine runs, else in place."""
+        ...
+
+
+class GPUResult:
+    """
+    A query result kept where the engine produced it (GPU memory, or host memory on ``cpu``).
+
+    Returned by the :func:`~prefect_cudf_polars.tasks.execute` task and by
+    :func:`~prefect_cudf_polars.tasks.gpu_task` tasks; never built by users.
+
+    Attributes
+    ----------
+    id : str
+        Unique id (32 hex characters); the stable hash Prefect cache keys use.
+    name : str
+        Readable name: the query or task that produced it.
+    backend : str
+        Backend of the producing session.
+    session_id : str
+        Id of the producing :class:`~prefect_cudf_polars.blocks.EngineSession`.
+    schema : polars.Schema
+        Column names and dtypes.
+    ranks : list of int
+        Ranks holding a partition (one partition per rank).
+    engine_seconds : float
+        Seconds the engine call that produced it took (wall clock).
+    produced_by : str
+        The task run or flow run that produced it.
+    consumed_by : str or None
+        The task run or flow run whose claim consumed it.
+    consumed_by_id : str or None
+        That run's id (a retried task run keeps its id across attempts).
+    lineage : Lineage or None
+        The plan that produced it (see :mod:`~prefect_cudf_polars.blocks.results.lineage`).
+    """
+
+    __slots__ = (
+        "_lock",
+        "_owner",
+        "_persisted",
+        "_state",
+        "backend",
+        "consumed_by",
+        "consumed_by_id",
+        "engine_seconds",
+        "id",
+        "lineage",
+        "name",
+        "produced_by",
+        "ranks",
+        "schema",
+        "session_id",
+    )
+
+    def __init__(
+        self,
+        persisted: PersistedResult,
+        *,
+        owner: ResultOwner,
+        name: str,
+        engine_seconds: float,
+        lineage: Lineage | None = None,
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.name = name
+        self.backend = owner.backend or "unknown"
+        self.session_id = owner.id
+        self.schema = persisted.schema
+        self.ranks = list(persisted.ranks)
+        self.engine_seconds = engine_seconds
+        self.produced_by = current_run_name()
+        self.consumed_by: str | None = None
+        self.consumed_by_id: str | None = None
+        self.lineage = lineage
+        self._persisted: PersistedResult | None = persisted
+        self._owner = owner
+        self._state: State = "live"
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> State:
+        """``"live"``, ``"consumed"`` or ``"released"``."""
+        return self._state
+
+    @property
+    def replay_problem(self) -> str | None:
+        """Why this result cannot be produced again from its lineage, or ``None`` when it can."""
+        if self.lineage is None:
+            return "it has no recorded lineage"
+        return self.lineage.unreplayable_reason()
+
+    @property
+    def persisted(self) -> PersistedResult | None:
+        """
+        The backend's persisted result while this handle holds it.
+
+        ``None`` once the result was released, or consumed and its read is
+        over: the handle then keeps no engine memory alive.
+        """
+        return self._persisted
+
+    @property
+    def partitions(self) -> int:
+        """Number of partitions (one per rank in ``ranks``)."""
+        return len(self.ranks)
+
+    # ---- reading -------------------------------------------------------------
+    def check_readable(self) -> None:
+        """
+        Raise if this result cannot be read now; claim nothing.
+
+        Raises
+        ------
+        ResultReleasedError
+            If it was released (explicitly, or by the end of its session).
+        ResultConsumedError
+            If it was already claimed.
+        WrongEngineError
+            If another engine session is active here than the one that produced it.
+        """
+        if self._state == "released":
+            raise ResultReleasedError(
+                f"GPUResult {self.name!r} (id {self.id}) was released"
+                + (
+                    " when its engine session ended (its flow run is over: a GPU "
+                    "result never outlives its flow run, so do not return it from a "
+                    "flow or keep it for later — collect it inside the flow run and "
+                    "return the host DataFrame)"
+                    if self._owner.closed
+                    else ""
+                )
+                + "; its data is gone. Run the task that produced it again, inside "
+                "a flow run with an open engine session.",
+                result_id=self.id,
+                result_name=self.name,
+            )
+        if self._state == "consumed":
+            read_here = self.consumed_by_id is not None and self.consumed_by_id == current_run_id()
+            advice = (
+                # A second read in the run that read it: a self-join, or .lazy() twice.
+                f"already read in this same {self.consumed_by}: a GPU result is read once "
+                "(cudf-polars moves its partitions out on read), so its .lazy() may be "
+                "called once and that frame scanned once (no self-join of a result with "
+                "itself). To use it twice, split it before this step: `a, b = tee(result, 2)` "
+                "(prefect_cudf_polars.tasks.tee) and use both copies."
+                if read_here
+                else f"already consumed by {self.consumed_by}: a GPU result is read once "
+                "(cudf-polars moves its partitions out on read). To give one result to "
+                "several tasks, split it before the first read: `a, b = tee(result, 2)` "
+                "(prefect_cudf_polars.tasks.tee) makes independent results that stay on "
+                "the GPU; or run the producing task again, or collect it once and reuse "
+                "the host DataFrame."
+            )
+            raise ResultConsumedError(
+                f"GPUResult {self.name!r} (id {self.id}) was {advice}",
+                result_id=self.id,
+                result_name=self.name,
+                consumer=self.consumed_by,
+            )
+        active = active_session_or_none()
+        if active is not None and active is not self._owner:
+            raise WrongEngineError(
+                f"GPUResult {self.name!r} (id {self.id}) belongs to engine session "
+                f"{self.session_id} ({self.backend}), but session {active.id} "
+                f"({active.backend}) is active here: only the engine that produced a "
+                "result can read it. Produce the result in this flow run, or collect "
+                "it in its own flow run and pass the host DataFrame.",
+                result_id=self.id,
+                result_name=self.name,
+                producer_session=self.session_id,
+                current_session=active.id,
+            )
+
+    def lazy(self) -> pl.LazyFrame:
+        """
+        Claim the result and return a LazyFrame that reads it.
+
+        The frame must be run by the producing session (the ``execute`` and
+        ``collect`` tasks and ``gpu_task`` tasks do this) and read once: running
+        it moves the partitions out of the engine's store.
+
+        Returns
+        -------
+        polars.LazyFrame
+            Scans the result's partitions; chain further query steps onto it.
+
+        Raises
+        ------
+        ResultReleasedError, ResultConsumedError, WrongEngineError
+            See :meth:`check_readable`.
+        """
+        return self._claim().lazy()
+
+    def hand_over(self) -> PersistedResult:
+        """
+        Claim the result without reading it and give up its persisted result.
+
+        For ``tee``, whose first copy wraps the same partitions in a new
+        handle (:meth:`~prefect_cudf_polars.blocks.EngineSession.adopt`). This
+        handle becomes ``"consumed"`` (by the current run) and holds nothing.
+
+        Returns
+        -------
+        PersistedResult
+
+        Raises
+        ------
+        ResultReleasedError, ResultConsumedError, WrongEngineError
+            See :meth:`check_readable`.
+        """
+        return self._claim(hand_over=True)
+
+    def _claim(self, *, hand_over: bool = False) -> PersistedResult:
+        # Check, mark consumed by the current run, tell the session; return the persisted result.
+        with self._lock:
+            self.check_readable()
+            self._state = "consumed"
+            self.consumed_by = current_run_name()
+            self.consumed_by_id = current_run_id()
+            persisted = self._persisted
+            if hand_over:
+                self._persisted = None
+        self._owner.result_claimed(self)
+        assert persisted is not None  # a live result holds its persisted result
+        return persisted
+
+    # ---- releasing ----------------------------------------------------------
+    def release(self) -> None:
+        """
+        Free the result's memory now (idempotent; never raises).
+
+        A live result becomes ``"released"``. A consumed one keeps its state, and
+        any partition its read left behind (a failed query, an unread scan) is
+        freed; the handle then holds no engine memory.
+        """
+        self.mark_released()  # counted first: a free the engine never answers still counts
+        with self._lock:
+            persisted, self._persisted = self._persisted, None
+        if persisted is not None:
+            # cudf-polars' release is idempotent and never raises.
+            self._owner.release_on_engine(persisted.release)
+
+    def mark_released(self) -> None:
+        """
+        Mark a live result released without calling the engine (idempotent).
+
+        For a session's end whose engine no longer answers: the persisted result
+        is kept, so cudf-polars' finalizer does not run on this thread, and the
+        session's queued teardown still frees it on the engine's thread if the
+        engine answers. Other states stay as they are.
+        """
+        with self._lock:
+            was_live = self._state == "live"
+            if was_live:
+                self._state = "released"
+        if was_live:
+            self._owner.result_released(self)
+
+
+    def __enter__(self) -> GPUResult:
+        """Return the result; :meth:`release` runs on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # ---- identity, repr, refusals ---------------------------------------------
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {v}" for k, v in list(self.schema.items())[:8])
+        more = ", ..." if len(self.schema) > 8 else ""
+        return (
+            f"GPUResult(name={self.name!r}, id={self.id[:12]}, state={self._state}, "
+            f"backend={self.backend}, partitions={self.partitions}, "
+            f"schema={{{cols}{more}}})"
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GPUResult) and other.id == self.id
+
+    def __reduce__(self) -> Any:
+        raise HostPersistenceError(
+            PICKLE_MESSAGE.format(name=self.name, id=self.id),
+            result_id=self.id,
+            result_name=self.name,
+        )
+
+    def __copy__(self) -> GPUResult:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GPUResult:
+        return self
+
+
+def stable_transform(result: GPUResult) -> dict[str, str]:
+    """What Prefect's cache keys hash for a result: its id, never its data."""
+    return {"gpu_result_id": result.id}
+
+
+# Results inside lists and dicts: Prefect hashes inputs as JSON first, and pydantic
+# serializes objects that carry a __pydantic_serializer__ with it.
+GPUResult.__pydantic_serializer__ = SchemaSerializer(  # type: ignore[attr-defined]
+    core_schema.any_schema(
+        serialization=core_schema.plain_serializer_function_ser_schema(stable_transform)
+    )
+)
+
+
+def register_stable_transform() -> None:
+    """Register :func:`stable_transform` in ``prefect.cache_policies.STABLE_TRANSFORMS``."""
+    from prefect.cache_policies import STABLE_TRANSFORMS
+
+    STABLE_TRANSFORMS[GPUResult] = stable_transform
+
+
+register_stable_transform()

@@ -1,0 +1,64 @@
+"""Task arguments that carry queries: the query to run, and what claimed inputs leave behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from prefect_cudf_polars.blocks import GPUResult
+
+
+def as_query(query: Any, *, task: str) -> pl.LazyFrame:
+    """
+    The LazyFrame to run for a task's ``query`` argument.
+
+    Parameters
+    ----------
+    query : polars.LazyFrame or GPUResult
+        A ``GPUResult`` is claimed here.
+    task : str
+        The task's name, for the error message.
+
+    Returns
+    -------
+    polars.LazyFrame
+
+    Raises
+    ------
+    TypeError
+        If ``query`` is neither (for example an eager ``polars.DataFrame``).
+    ResultReleasedError, ResultConsumedError, WrongEngineError
+        From :meth:`GPUResult.lazy`.
+    """
+    if isinstance(query, GPUResult):
+        return query.lazy()
+    if isinstance(query, pl.LazyFrame):
+        return query
+    hint = " (call .lazy() on it)" if isinstance(query, pl.DataFrame) else ""
+    raise TypeError(
+        f"{task} takes a polars LazyFrame or a GPUResult, not {type(query).__name__}"
+        f"{hint}."
+    )
+
+
+def drop_claimed(results: list[GPUResult], *, release_live: bool = False) -> None:
+    """
+    Free whatever claimed inputs left in the engine's store.
+
+    A claimed input is normally moved out when the query runs; when the user's
+    function or the engine failed after the claim, its partitions would stay
+    in GPU memory until the session ends. Live (unclaimed) inputs are left
+    alone, unless ``release_live`` (inputs a retry recomputed for itself, which
+    no other task can hold).
+
+    Parameters
+    ----------
+    results : list of GPUResult
+        A task's inputs.
+    release_live : bool
+        Release live ones too.
+    """
+    for result in results:
+        if result.state == "consumed" or (release_live and result.state == "live"):
+            result.release()

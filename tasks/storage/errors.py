@@ -1,0 +1,226 @@
+"""
+``S3AccessError``: object storage refused or could not find what a task asked for.
+
+Every message says what happened (the URL, the endpoint, the server's answer),
+why it probably happened and what to do; secrets of the credentials in use are
+scrubbed from it (:func:`~prefect_cudf_polars.tasks.storage.credentials.scrub`), so
+it can be logged, shown in the UI and pickled into result storage.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
+from prefect_cudf_polars.tasks.storage.credentials import scrub
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.tasks.storage.credentials import S3Access
+
+__all__ = ["S3AccessError", "explain_client_error", "explain_engine_error"]
+
+#: Server answers (S3 error codes and HTTP statuses) and what they mean for the user.
+_CREDENTIALS = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"}
+)
+_DENIED = frozenset({"AccessDenied", "AllAccessDisabled"})
+_NO_BUCKET = frozenset({"NoSuchBucket"})
+_NO_KEY = frozenset({"NoSuchKey", "404"})
+
+
+class S3AccessError(RuntimeError):
+    """
+    An S3 request failed: missing bucket or object, refused credentials, no permission.
+
+    Parameters
+    ----------
+    message
+        What happened and what to do next (no secrets).
+    url
+        The ``s3://`` URL concerned.
+    reason
+        ``"credentials"`` (the server refused the keys), ``"denied"`` (the keys
+        lack permission), ``"no-bucket"``, ``"not-found"`` (no object matches),
+        ``"exists"`` (a sink target is not empty) or ``"failed"`` (anything else).
+    """
+
+    def __init__(self, message: str, *, url: str, reason: str) -> None:
+        super().__init__(message)
+        self.url = url
+        self.reason = reason
+
+    def __reduce__(self):  # keep url and reason through pickling
+        return (_rebuild, (str(self), self.url, self.reason))
+
+
+def _rebuild(message: str, url: str, reason: str) -> S3AccessError:
+    return S3AccessError(message, url=url, reason=reason)
+
+
+_QUOTED_CODE = re.compile(r"An error occurred \((\w+)\)")
+
+
+def _code_of(exc: BaseException) -> tuple[str, str]:
+    """The S3 error code and HTTP status of a botocore error (or one wrapping it)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if response:
+            error = response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            return code, status
+        seen = seen.__cause__ or seen.__context__
+    # boto3's S3UploadFailedError quotes the answer in its message only.
+    match = _QUOTED_CODE.search(str(exc))
+    code = match.group(1) if match else ""
+    return (code, code) if code.isdigit() else (code, "")
+
+
+def explain(
+    *,
+    url: str,
+    bucket: str,
+    code: str,
+    status: str,
+    access: S3Access,
+    doing: str,
+    detail: str,
+    bucket_request: bool = False,
+) -> S3AccessError:
+    """
+    Build the error for a server answer.
+
+    Parameters
+    ----------
+    url
+        The ``s3://`` URL concerned.
+    bucket
+        Its bucket.
+    code, status
+        The S3 error code (``"NoSuchBucket"``) and HTTP status (``"404"``), either may be empty.
+    access
+        The credentials used (only the endpoint and region are quoted).
+    doing
+        What was being done, e.g. ``"read parquet from"``.
+    detail
+        The original message (scrubbed here).
+    bucket_request
+        The answer was to a request on the bucket itself (a listing), whose
+        "404" means the bucket does not exist.
+    """
+    where = access.describe()
+    detail = scrub(detail, access)
+    if code in _NO_BUCKET or (bucket_request and status == "404"):
+        return S3AccessError(
+            f"Could not {doing} {url}: bucket {bucket!r} does not exist at {where}. "
+            "Check the bucket name in the URL and the endpoint_url of the AwsCredentials "
+            "block, or create the bucket.",
+            url=url,
+            reason="no-bucket",
+        )
+    if code in _CREDENTIALS or (status == "403" and code not in _DENIED):
+        return S3AccessError(
+            f"Could not {doing} {url}: {where} refused the credentials "
+            f"({code or 'HTTP ' + status}). Check the access key id and secret access key "
+            "(and session token, if any) of the AwsCredentials block, and that the "
+            "endpoint_url and region_name point at the server that issued them.",
+            url=url,
+            reason="credentials",
+        )
+    if code in _DENIED:
+        return S3AccessError(
+            f"Could not {doing} {url}: {where} denied access ({code}). The credentials "
+            f"are valid but lack permission on bucket {bucket!r}; grant them s3:GetObject / "
+            "s3:ListBucket (reading) or s3:PutObject (writing).",
+            url=url,
+            reason="denied",
+        )
+    if code in _NO_KEY or status == "404":
+        return S3AccessError(
+            f"Could not {doing} {url}: no object matches it in bucket {bucket!r} at "
+            f"{where}. Check the key or pattern (list the prefix with the AWS CLI or "
+            "S3Bucket.list_objects).",
+            url=url,
+            reason="not-found",
+        )
+    return S3AccessError(
+        f"Could not {doing} {url} at {where}: {detail or code or status}. Check that the "
+        "endpoint is reachable from this machine and retry.",
+        url=url,
+        reason="failed",
+    )
+
+
+def explain_client_error(
+    exc: BaseException,
+    *,
+    url: str,
+    bucket: str,
+    access: S3Access,
+    doing: str,
+    bucket_request: bool = False,
+) -> S3AccessError:
+    """
+    Translate a boto3/botocore error into an :class:`S3AccessError`.
+
+    Parameters
+    ----------
+    exc
+        A ``botocore.exceptions.ClientError`` (server answer) or a connection error.
+    url, bucket, access, doing, bucket_request
+        As for :func:`explain`.
+    """
+    code, status = _code_of(exc)
+    return explain(
+        url=url,
+        bucket=bucket,
+        code=code,
+        status=status,
+        access=access,
+        doing=doing,
+        detail=f"{type(exc).__name__}: {exc}",
+        bucket_request=bucket_request,
+    )
+
+
+def explain_engine_error(
+    exc: BaseException, *, url: str, bucket: str, access: S3Access, doing: str
+) -> S3AccessError | None:
+    """
+    Translate an engine error that quotes an S3 answer (polars' object store, KvikIO).
+
+    Returns
+    -------
+    S3AccessError or None
+        ``None`` when ``exc`` does not look like an S3 failure (re-raise it as is).
+    """
+    # cudf-polars wraps rank errors in ExceptionGroups, whose str() omits the inner ones.
+    text = " | ".join(f"{type(e).__name__}: {e}" for e in iter_exceptions(exc))
+    lowered = text.lower()
+    if not any(
+        marker in lowered
+        for marker in ("s3", "object-store", "object store", "http", "curl", "403", "404")
+    ):
+        return None
+    code = status = ""
+    for candidate in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "NoSuchKey"):
+        if candidate in text:
+            code = candidate
+            break
+    if "403" in text or "forbidden" in lowered or "lacked the necessary privileges" in lowered:
+        status = "403"
+    elif "404" in text or "not found" in lowered:
+        status = "404"
+    if not (code or status):
+        return None
+    return explain(
+        url=url,
+        bucket=bucket,
+        code=code,
+        status=status,
+        access=access,
+        doing=doing,
+        detail=text,
+    )

@@ -1,0 +1,167 @@
+"""
+``s3://`` URLs: parsing, and the checks made before an engine call touches them.
+
+The checks ask the server (boto3, with the flow's credentials) before any data
+moves, so a missing bucket, refused keys or an empty prefix fail with a clear
+:class:`~prefect_cudf_polars.tasks.storage.errors.S3AccessError` before a GPU
+result is claimed or a query is planned, whatever the backend; the engines' own
+messages for the same failures differ (polars' object store, KvikIO) and quote
+requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from prefect_cudf_polars.tasks.storage.credentials import S3Access
+from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Location:
+    """
+    A parsed ``s3://bucket/key`` URL.
+
+    Attributes
+    ----------
+    url : str
+        The URL as given.
+    bucket : str
+    key : str
+        The object key, prefix or pattern after the bucket (may be empty).
+    """
+
+    url: str
+    bucket: str
+    key: str
+
+    @property
+    def listing_prefix(self) -> str:
+        """The key up to its first glob character (what to list to find matches)."""
+        match = _GLOB.search(self.key)
+        return self.key[: match.start()] if match else self.key
+
+    def join(self, name: str) -> str:
+        """The URL of ``name`` under this location taken as a folder."""
+        prefix = self.key.rstrip("/")
+        return f"s3://{self.bucket}/{prefix}/{name}" if prefix else f"s3://{self.bucket}/{name}"
+
+    def folder_key(self, name: str) -> str:
+        """The object key of ``name`` under this location taken as a folder."""
+        prefix = self.key.rstrip("/")
+        return f"{prefix}/{name}" if prefix else name
+
+
+def is_s3_url(path: object) -> bool:
+    """Whether ``path`` is a string starting with ``s3://``."""
+    return isinstance(path, str) and path.lower().startswith("s3://")
+
+
+def parse_s3_url(url: str) -> S3Location:
+    """
+    Split ``s3://bucket/key`` into bucket and key.
+
+    Raises
+    ------
+    ValueError
+        If ``url`` is not an ``s3://`` URL with a bucket name.
+    """
+    if not is_s3_url(url):
+        raise ValueError(f"{url!r} is not an s3:// URL (expected s3://bucket/key).")
+    rest = url[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket (expected s3://bucket/key).")
+    return S3Location(url=url, bucket=bucket, key=key)
+
+
+def check_bucket(
+    client: object, location: S3Location, access: S3Access, *, doing: str, prefix: str = ""
+) -> dict:
+    """
+    Ask the server for the bucket by listing at most one key under ``prefix``.
+
+    ``ListObjectsV2`` is used rather than ``HeadBucket``: a HEAD answer has no
+    body, so its 403 cannot tell refused keys from missing permission, while a
+    listing's error code can (``InvalidAccessKeyId``, ``SignatureDoesNotMatch``,
+    ``AccessDenied``, ``NoSuchBucket``).
+
+    Returns
+    -------
+    dict
+        The listing (``KeyCount`` tells whether anything is under ``prefix``).
+
+    Raises
+    ------
+    S3AccessError
+        ``reason`` ``"no-bucket"``, ``"credentials"``, ``"denied"`` or ``"failed"``.
+    """
+    try:
+        return client.list_objects_v2(  # type: ignore[attr-defined]
+            Bucket=location.bucket, Prefix=prefix, MaxKeys=1
+        )
+    except Exception as exc:
+        raise explain_client_error(
+            exc,
+            url=location.url,
+            bucket=location.bucket,
+            access=access,
+            doing=doing,
+            bucket_request=True,
+        ) from None
+
+
+def check_readable(location: S3Location, access: S3Access) -> None:
+    """
+    Check, before the engine reads it, that ``location`` names at least one object.
+
+    Parameters
+    ----------
+    location
+        The URL of one object, a prefix or a glob pattern.
+    access
+        The credentials the engine will use.
+
+    Raises
+    ------
+    S3AccessError
+        Missing bucket, refused credentials, no permission, or no object under
+        the URL (``reason="not-found"``).
+    """
+    listing = check_bucket(
+        access.client(), location, access, doing="read parquet from",
+        prefix=location.listing_prefix,
+    )
+    if not listing.get("KeyCount"):
+        raise S3AccessError(
+            f"Could not read parquet from {location.url}: no object in bucket "
+            f"{location.bucket!r} at {access.describe()} starts with "
+            f"{location.listing_prefix!r}. Check the key or pattern, or write the data first.",
+            url=location.url,
+            reason="not-found",
+        )
+
+
+def existing_keys(client: object, location: S3Location, access: S3Access) -> list[str]:
+    """
+    Keys already under ``location`` taken as a folder (``prefix/``).
+
+    Raises
+    ------
+    S3AccessError
+        If listing fails.
+    """
+    prefix = location.folder_key("")
+    keys: list[str] = []
+    try:
+        paginator = client.get_paginator("list_objects_v2")  # type: ignore[attr-defined]
+        for page in paginator.paginate(Bucket=location.bucket, Prefix=prefix):
+            keys.extend(item["Key"] for item in page.get("Contents", []))
+    except Exception as exc:
+        raise explain_client_error(
+            exc, url=location.url, bucket=location.bucket, access=access, doing="write parquet to"
+        ) from None
+    return keys

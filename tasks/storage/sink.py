@@ -1,0 +1,253 @@
+"""
+``sink_parquet``: write a result to a local folder or an ``s3://`` prefix from the engine.
+
+The result's LazyFrame is sunk with ``polars.LazyFrame.sink_parquet`` and run
+by the session's engine, so on the GPU backends libcudf writes the parquet
+files straight from GPU memory (cudf-polars' streaming sink, one file per
+partition: ``part.000000.parquet``, ``part.000001.parquet``, ...; with several
+ranks ``part.<rank>.<n>.parquet``); the result is never collected to the host.
+
+``s3://`` targets: cudf-polars' sink writes to local paths only (its streaming
+sink creates the folder with ``Path.mkdir``; libcudf has no object-store
+writer), so the engine writes the part files to a local staging folder, and
+each file is then uploaded with boto3 (multipart for large files, streamed
+from disk) and deleted locally. If an upload fails, the staged files are kept
+and the error says where. The ``cpu`` backend takes the same path, which is
+what lets CI test the upload without a GPU.
+
+Before anything is claimed or written, the target is checked: the bucket must
+exist and accept the credentials, and the folder or prefix must be empty
+(``overwrite=True`` deletes what is there first). A bad target therefore loses
+nothing: the result stays live and can be written elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet as pq
+from prefect import task
+from pydantic import BaseModel, Field
+
+from prefect_cudf_polars.blocks import GPUResult, get_engine_session
+from prefect_cudf_polars.tasks.inputs import drop_claimed
+from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
+from prefect_cudf_polars.tasks.storage.location import (
+    S3Location,
+    check_bucket,
+    existing_keys,
+    is_s3_url,
+    parse_s3_url,
+)
+from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
+from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
+
+if TYPE_CHECKING:
+    from prefect_aws import AwsCredentials
+
+#: Compression codecs both polars and cudf-polars write.
+COMPRESSIONS = ("zstd", "snappy", "lz4", "uncompressed")
+
+
+class ParquetSinkSummary(BaseModel):
+    """
+    What :func:`sink_parquet` wrote (a small host value; safe to persist).
+
+    Attributes
+    ----------
+    target : str
+        The folder or ``s3://`` prefix written.
+    files : list of str
+        Every file written (local paths or ``s3://`` URLs), in name order.
+    rows : int
+        Rows written, summed from the files' parquet footers.
+    bytes : int
+        Bytes written, summed over the files.
+    backend : str
+        The engine's backend (``spmd``, ``dask``, ``ray`` or ``cpu``).
+    """
+
+    target: str
+    files: list[str] = Field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0
+    backend: str
+
+
+def _check_local_target(folder: Path, *, overwrite: bool) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(
+            f"sink_parquet target {str(folder)!r} is a file, not a folder. Give a folder "
+            "path (the engine writes one parquet file per partition into it)."
+        )
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            raise FileExistsError(
+                f"sink_parquet target {str(folder)!r} is not empty. Give a new or empty "
+                "folder, or pass overwrite=True to delete what is in it first."
+            )
+        shutil.rmtree(folder)
+
+
+def _check_s3_target(location: S3Location, access: S3Access, *, overwrite: bool) -> Any:
+    client = access.client()
+    check_bucket(client, location, access, doing="write parquet to")
+    keys = existing_keys(client, location, access)
+    if keys and not overwrite:
+        raise S3AccessError(
+            f"Could not write parquet to {location.url}: the prefix already holds "
+            f"{len(keys)} object(s) (e.g. {keys[0]!r}). Give a new prefix, or pass "
+            "overwrite=True to delete them first.",
+            url=location.url,
+            reason="exists",
+        )
+    for start in range(0, len(keys), 1000):
+        batch = keys[start : start + 1000]
+        try:
+            client.delete_objects(
+                Bucket=location.bucket,
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+        except Exception as exc:
+            raise explain_client_error(
+                exc, url=location.url, bucket=location.bucket, access=access,
+                doing="write parquet to",
+            ) from None
+    return client
+
+
+def _written_files(folder: Path) -> list[Path]:
+    if folder.is_file():
+        return [folder]
+    return sorted(p for p in folder.rglob("*.parquet") if p.is_file())
+
+
+def _upload(
+    files: list[Path], folder: Path, location: S3Location, access: S3Access, client: Any
+) -> list[str]:
+    urls = []
+    for path in files:
+        name = path.relative_to(folder).as_posix()
+        try:
+            client.upload_file(str(path), location.bucket, location.folder_key(name))
+        except Exception as exc:
+            error = explain_client_error(
+                exc, url=location.url, bucket=location.bucket, access=access,
+                doing="write parquet to",
+            )
+            raise S3AccessError(
+                f"{error} The engine had written all {len(files)} part file(s); "
+                f"{len(urls)} were uploaded, and every part is kept in {str(folder)!r} "
+                "for you to upload or inspect.",
+                url=location.url,
+                reason=error.reason,
+            ) from None
+        urls.append(location.join(name))
+    return urls
+
+
+@task(name="cudf-polars-sink-parquet", **gpu_task_defaults(returns_gpu_result=False))
+def sink_parquet(
+    result: GPUResult,
+    target: str,
+    credentials: AwsCredentials | None = None,
+    overwrite: bool = False,
+    compression: str = "zstd",
+    staging_dir: str | None = None,
+) -> ParquetSinkSummary:
+    """
+    Write a result to parquet from the engine (the GPU on GPU backends) and consume it.
+
+    Parameters
+    ----------
+    result : GPUResult
+        A live result of this flow run's session; it is consumed (read once).
+    target : str
+        A local folder (created if absent) or an ``s3://bucket/prefix``.
+    credentials : prefect_aws.AwsCredentials, optional
+        For ``s3://`` targets: keys, region and endpoint
+        (``aws_client_parameters.endpoint_url`` for MinIO or moto).
+    overwrite : bool
+        Delete what the folder or prefix holds before writing (default False:
+        a non-empty target is an error).
+    compression : {"zstd", "snappy", "lz4", "uncompressed"}
+        Parquet compression codec.
+    staging_dir : str, optional
+        Where part files wait for upload to S3 (default: the system temporary
+        folder). Needs room for the whole result; on the ``dask`` and ``ray``
+        backends it must be reachable by every rank (one machine, or a shared
+        file system).
+
+    Returns
+    -------
+    ParquetSinkSummary
+        Files written, rows and bytes (from the files' parquet footers and sizes).
+
+    Raises
+    ------
+    FileExistsError
+        A local target is a file, or a non-empty folder without ``overwrite``.
+    S3AccessError
+        Before writing: the bucket does not exist, the credentials are refused or
+        lack permission, or the prefix is not empty without ``overwrite``. After
+        writing: an upload failed (the staged files are kept; the message says where).
+    ValueError
+        Unknown ``compression``.
+    ResultReleasedError, ResultConsumedError, WrongEngineError
+        If ``result`` cannot be read in this session (checked before anything is written).
+    NoEngineSessionError
+        If the flow run has no engine session.
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(
+            f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}."
+        )
+    session = get_engine_session()
+    result.check_readable()
+    remote = is_s3_url(target)
+    location = access = client = None
+    if remote:
+        location = parse_s3_url(target)
+        access = resolve_s3_access(credentials)
+        client = _check_s3_target(location, access, overwrite=overwrite)
+        folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
+        os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
+    else:
+        folder = Path(target).expanduser().resolve()
+        _check_local_target(folder, overwrite=overwrite)
+
+    # polars' CPU sink writes one file; cudf-polars' streaming engines a folder of parts.
+    on_cpu = session.backend == "cpu"
+    sink_path = folder / "part.000000.parquet" if on_cpu else folder
+    if on_cpu:
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        lf = result.lazy().sink_parquet(
+            str(sink_path), compression=compression, mkdir=True, lazy=True  # type: ignore[arg-type]
+        )
+        session.collect(lf)
+    except BaseException:
+        if remote:  # nothing was uploaded; partial staged parts are of no use
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        drop_claimed([result])
+
+    files = _written_files(folder)
+    rows = sum(pq.read_metadata(f).num_rows for f in files)
+    size = sum(f.stat().st_size for f in files)
+    if not remote:
+        return ParquetSinkSummary(
+            target=str(folder), files=[str(f) for f in files], rows=rows, bytes=size,
+            backend=session.backend or "unknown",
+        )
+    assert location is not None and access is not None
+    urls = _upload(files, folder, location, access, client)
+    shutil.rmtree(folder, ignore_errors=True)
+    return ParquetSinkSummary(
+        target=target, files=urls, rows=rows, bytes=size, backend=session.backend or "unknown"
+    )
