@@ -46,8 +46,8 @@ def test_device_memory_exhausted_says_which_option_spills():
     ours, alone, control = run_script("ours"), run_script("alone"), run_script("control")
     for out in (ours, alone, control):
         print(json.dumps({k: v for k, v in out.items() if k != "message"}))
+    # The script catches MemoryError only (DeviceMemoryError is one); any other error fails it.
     assert ours["raised"] == "DeviceMemoryError", ours
-    assert ours["is_memory_error"]
     assert "spill_device_limit" in ours["message"] and "target_partition_size" in ours["message"]
     assert "cudf-polars said:" in ours["message"]
     assert ours["live_after_error"] == ["kept"]  # the failed query left no result behind
@@ -55,7 +55,7 @@ def test_device_memory_exhausted_says_which_option_spills():
     # A held error keeps nothing alive: the same figure with the error alive and gone.
     assert ours["held_with_error_1"] == ours["after_error_1"]
     # What stays allocated after each failure is cudf-polars' own figure, not ours.
-    assert alone["is_memory_error"] and alone["kept_rows"] == 3
+    assert alone["raised"] is not None and alone["kept_rows"] == 3, alone
     for attempt in (1, 2):
         left_ours = ours[f"after_error_{attempt}"] - ours["at_start"]
         left_alone = alone[f"after_error_{attempt}"] - alone["at_start"]
