@@ -36,7 +36,7 @@ def _caught(exc: BaseException, probe: list | None = None) -> BaseException:
 
 
 def test_a_group_of_one_error_is_unwrapped():
-    # The shape seen on the H200 for a parquet file deleted before a re-scan.
+    # cudf-polars 26.10's shape for a parquet file deleted before a re-scan.
     missing = FileNotFoundError(2, "No such file or directory")
     group = ExceptionGroup("unhandled errors in a TaskGroup", [missing])
     final = _caught(group)

@@ -4,10 +4,10 @@ option that spills, the session survives, nothing else is lost, and our layer
 holds nothing the failure left behind.
 
 What cudf-polars itself leaves allocated after an out-of-memory failure is
-measured next to ours (``alone`` mode of the script): seen on the H200
-(2026-11-30, cudf-polars 26.10.2), each failed query of this shape left
-16,250,112 bytes allocated through rmm with no Python object holding them,
-growing with each failure until the engine shuts down. The test checks that
+measured next to ours (``alone`` mode of the script): with cudf-polars 26.10.2
+each failed query of this shape leaves 16,250,112 bytes allocated through rmm
+with no Python object holding them, growing with each failure until the engine
+shuts down. The test checks that
 our session adds nothing to that figure and that shutting the engine down (the
 session's end) gives the memory back to the driver.
 
