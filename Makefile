@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The first start of Prefect's local API migrates its SQLite database; on a small
-# machine that took ~40 s, past Prefect's default start-up timeout.
+# machine that can take ~40 s, longer than Prefect's default start-up timeout.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 # On a GPU machine, install the RAPIDS extra matching the driver: CUDA 13 wheels
 # need driver >= 580, CUDA 12 wheels run on older ones.
