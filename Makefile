@@ -3,24 +3,38 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # The first start of Prefect's local API migrates its SQLite database; on a small
-# machine that took ~40 s, past Prefect's default start-up timeout.
+# machine that can take ~40 s, longer than Prefect's default start-up timeout.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 # On a GPU machine, install the RAPIDS extra matching the driver: CUDA 13 wheels
 # need driver >= 580, CUDA 12 wheels run on older ones.
 GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 | cut -d. -f1); \
 	if [ -n "$$d" ]; then if [ "$$d" -ge 580 ]; then echo ,cu13; else echo ,cu12; fi; fi)
 
-STAMP := $(VENV)/.installed$(GPU_EXTRA)
+comma := ,
+# `make run` (and the worker) install the package with the GPU extra only;
+# `make test` and `make bench` add the test extra.
+RUN_EXTRAS := $(if $(GPU_EXTRA),[$(subst $(comma),,$(GPU_EXTRA))])
+RUN_STAMP := $(VENV)/.installed-run$(GPU_EXTRA)
+TEST_STAMP := $(VENV)/.installed-test$(GPU_EXTRA)
 
-.PHONY: run test bench install clean deploy worker
+.PHONY: run test bench install install-test clean deploy worker
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test$(GPU_EXTRA)]"
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".$(RUN_EXTRAS)"
 	touch $@
 
-install: $(STAMP)
+# The test install holds everything the run install does, so it stamps both.
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test$(GPU_EXTRA)]"
+	touch $@ $(RUN_STAMP)
+
+install: $(RUN_STAMP)
+
+install-test: $(TEST_STAMP)
 
 run: install
 	$(BIN)/python -m prefect_cudf_polars.flows.flight_delays $(ARGS)
@@ -37,12 +51,12 @@ deploy: install
 worker: install
 	$(BIN)/prefect worker start --pool gpu-pool
 
-test: install
+test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The benchmark harness (benchmarks/README.md), e.g.
 #   make bench ARGS="--scale-factors 0.1 --backend cpu --out output/bench"
-bench: install
+bench: install-test
 	$(BIN)/python -m benchmarks $(ARGS)
 
 clean:

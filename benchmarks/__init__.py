@@ -1,5 +1,5 @@
 """
-Benchmarks of prefect-cudf-polars on TPC-H pipelines (issue 7).
+Benchmarks of prefect-cudf-polars on TPC-H pipelines.
 
 Run ``python -m benchmarks --help`` from the repository root; see ``benchmarks/README.md``.
 Modules: ``tpch_data`` (tpchgen-cli parquet), ``pipelines`` (PDS-H derived

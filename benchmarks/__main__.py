@@ -4,7 +4,7 @@ import os
 import sys
 
 # Before Prefect is imported: its local API's first start migrates a new SQLite
-# database, which took ~40 s on a 2-core machine (Prefect's default timeout is shorter).
+# database, which can take ~40 s on a 2-core machine (longer than Prefect's default timeout).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from benchmarks.cli import main  # noqa: E402

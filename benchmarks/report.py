@@ -1,7 +1,7 @@
 """
 From ``results.json`` to the goals, a markdown table (``results.md``) and a chart (``chart.png``).
 
-Goals (issue 7):
+Goals (the targets ``results.md`` judges the measurements against):
 
 * (a)/(c) <= 1.10 at scale factor 10: our flow costs at most 10 % over the
   same pipeline run as one fused query on bare cudf-polars;
@@ -11,7 +11,7 @@ Goals (issue 7):
   corrected for a drift between the two flow runs that time them, with the
   no-op task timed in both: ``(gpu-task - noop-task@ours) - (plain-task - noop-task)``.
 
-They are judged at scale factor 10 where it was run (else at the largest one,
+They are judged at scale factor 10 where it ran (else at the largest one,
 said in the table), and only mean something on a GPU backend.
 """
 

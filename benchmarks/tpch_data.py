@@ -51,7 +51,7 @@ def find_tpchgen(explicit: str | None = None) -> str:
     Looked for, in order: ``explicit``; ``PATH``; the ``bin`` folder of this
     interpreter's scripts (a venv not on ``PATH``); ``bin`` next to any
     ``sys.path`` entry (a site folder installed with ``pip --target`` and used
-    through ``PYTHONPATH``, as the GPU kit does).
+    through ``PYTHONPATH``).
 
     Raises
     ------

@@ -1,17 +1,35 @@
 """
 prefect-cudf-polars: Prefect tasks whose cudf-polars results stay on the GPU.
 
-The code lives in three rooms, each its own subpackage:
+The most used names are importable from the top level::
+
+    from prefect_cudf_polars import (
+        CudfPolarsEngine, CudfPolarsTaskRunner, GPUResult, collect, execute, gpu_task, tee,
+    )
+
+Everything public lives in three subpackages:
 
 - :mod:`prefect_cudf_polars.blocks` (folder ``blocks/``): the engine block,
   the flow-scoped engine session and the task runner.
 - :mod:`prefect_cudf_polars.tasks` (folder ``tasks/``): ``GPUResult``, the
-  tasks that produce it and the serializer that refuses host persistence.
+  tasks that produce it, the serializers and the errors.
 - :mod:`prefect_cudf_polars.flows` (folder ``flows/``): deployable jobs.
 """
 
 __version__ = "0.1.0"
 
-# Importing the rooms registers the block type and the serializer type with
+# Importing the subpackages registers the block type and the serializer types with
 # Prefect when it loads this collection (entry point `prefect.collections`).
 from prefect_cudf_polars import blocks, tasks  # noqa: E402,F401
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner  # noqa: E402
+from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task, tee  # noqa: E402
+
+__all__ = [
+    "CudfPolarsEngine",
+    "CudfPolarsTaskRunner",
+    "GPUResult",
+    "collect",
+    "execute",
+    "gpu_task",
+    "tee",
+]

@@ -159,20 +159,81 @@ def deploy(
             )
 
 
+#: What ``prefect-cudf-polars --help`` prints above the commands (plain text).
+DESCRIPTION = "Save a cudf-polars engine block and deploy this project's flows to Prefect."
+#: What ``prefect-cudf-polars --help`` prints below the commands.
+EPILOG = """\
+Both commands talk to the Prefect API that PREFECT_API_URL names (a running
+"prefect server start", or Prefect Cloud). deploy refuses to run without one:
+a worker cannot reach the temporary API Prefect starts when none is set.
+
+examples:
+  prefect-cudf-polars save-engine gpu --backend spmd
+  prefect-cudf-polars deploy --engine-block gpu --backend spmd
+"""
+BACKENDS = ["auto", "spmd", "dask", "ray", "cpu"]
+BACKEND_HELP = (
+    "auto: spmd with one visible GPU, dask with several; spmd: one GPU, in the flow "
+    "run's process; dask: a local Dask cluster the flow run starts, one worker per GPU; "
+    "ray: a local Ray the flow run starts, one actor per GPU; cpu: polars' CPU engine, "
+    "no GPU (default: %(default)s)"
+)
+CPU_FALLBACK_HELP = "with no usable GPU, warn and use the cpu backend instead of failing"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``prefect-cudf-polars`` argument parser (its help is plain text)."""
+    parser = argparse.ArgumentParser(
+        prog="prefect-cudf-polars",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    save = sub.add_parser(
+        "save-engine",
+        help="save a cudf-polars-engine block (overwrites one of that name)",
+        description="Save a cudf-polars-engine block under NAME, overwriting one of that "
+        "name. Flows load it with CudfPolarsEngine.load(NAME).",
+    )
+    save.add_argument("name", metavar="NAME", help="the block's name, e.g. gpu")
+    save.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
+    save.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
+    dep = sub.add_parser(
+        "deploy",
+        help="register the block type, save the engine block, create the work pool, deploy",
+        description="Run, printing each one: prefect block register -m "
+        "prefect_cudf_polars.blocks; prefect-cudf-polars save-engine; prefect work-pool "
+        "create (process type) and set-concurrency-limit 1; prefect --no-prompt deploy "
+        "--all. Every step can be repeated.",
+    )
+    dep.add_argument(
+        "--engine-block",
+        default=DEFAULT_ENGINE_BLOCK,
+        metavar="NAME",
+        help="name of the engine block to save; prefect.yaml's deployment loads "
+        "'%(default)s' (default: %(default)s)",
+    )
+    dep.add_argument("--backend", default="spmd", choices=BACKENDS, help=BACKEND_HELP)
+    dep.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
+    dep.add_argument(
+        "--pool",
+        default=DEFAULT_POOL,
+        help="process work pool to create or overwrite, with a concurrency limit of 1; "
+        "it must match prefect.yaml (default: %(default)s)",
+    )
+    dep.add_argument(
+        "--project-dir",
+        default=".",
+        metavar="DIR",
+        help="folder holding prefect.yaml, the checkout's root (default: the current folder)",
+    )
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-cudf-polars`` command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="prefect-cudf-polars", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    save = sub.add_parser("save-engine", help="save a cudf-polars-engine block")
-    save.add_argument("name")
-    save.add_argument("--backend", default="auto", choices=["auto", "spmd", "dask", "ray", "cpu"])
-    save.add_argument("--cpu-fallback", action="store_true")
-    dep = sub.add_parser("deploy", help="register, save the engine block, create the pool, deploy")
-    dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK)
-    dep.add_argument("--backend", default="spmd", choices=["auto", "spmd", "dask", "ray", "cpu"])
-    dep.add_argument("--cpu-fallback", action="store_true")
-    dep.add_argument("--pool", default=DEFAULT_POOL)
-    dep.add_argument("--project-dir", default=".")
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "save-engine":

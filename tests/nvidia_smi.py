@@ -17,6 +17,12 @@ def _query(*args: str) -> str:
     ).stdout
 
 
+def gpus() -> list[tuple[str, int]]:
+    """Name and memory.total (MiB) of every GPU ``nvidia-smi`` lists, in index order."""
+    rows = [line.rsplit(",", 1) for line in _query("--query-gpu=name,memory.total").splitlines() if line.strip()]
+    return [(name.strip(), int(total)) for name, total in rows]
+
+
 def device_memory_used_mib() -> list[int]:
     """``nvidia-smi``'s memory.used of every visible GPU, MiB, in index order."""
     return [int(line) for line in _query("--query-gpu=memory.used").split()]

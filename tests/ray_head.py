@@ -6,7 +6,7 @@ and its children, through the environment) get ``RAY_AUTH_MODE=token`` and one
 ``RAY_AUTH_TOKEN``. Left to itself, ``ray start --head`` turns token
 authentication on whenever ``~/.ray/auth_token`` exists (a local ``ray.init()``
 writes it), while a client without ``RAY_AUTH_MODE=token`` sends no token; the
-outcome then depends on which test ran first (seen on two H200s, 2026-11-30).
+outcome then depends on which test ran first (Ray 2.60).
 Ray also keeps a token it loaded for the life of the process, so the fixture
 makes this process reload it after setting the head's token and after putting
 the environment back (``reload_auth_token``).

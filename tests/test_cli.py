@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -49,3 +50,47 @@ def test_save_engine_rejects_an_unknown_backend(bad, capsys):
     with pytest.raises(SystemExit):
         cli.main(["save-engine", "x", "--backend", bad])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def _help_of(capsys, *args: str) -> str:
+    """What ``prefect-cudf-polars ARGS --help`` prints (it exits with status 0)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*args, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def _arguments(help_text: str) -> dict[str, str]:
+    """Each argument listed in a help text, with the help written for it (argparse's layout)."""
+    found: dict[str, str] = {}
+    current = None
+    for line in help_text.splitlines():
+        if re.match(r"^  \S", line):  # "  --pool POOL   help..." or "  --backend {...}"
+            current, _, text = re.sub(r"\s{2,}", "\0", line.strip(), count=1).partition("\0")
+            found[current] = text
+        elif current and line.startswith("    "):  # the help, continued or on its own line
+            found[current] = f"{found[current]} {line.strip()}".strip()
+        else:
+            current = None
+    return found
+
+
+@pytest.mark.parametrize("command", ["save-engine", "deploy"])
+def test_help_is_plain_text_and_explains_every_argument(command, capsys):
+    top = _help_of(capsys)
+    assert command in top
+    text = _help_of(capsys, command)
+    arguments = _arguments(text)
+    expected = {
+        "save-engine": ["NAME", "--backend", "--cpu-fallback"],
+        "deploy": ["--engine-block", "--backend", "--cpu-fallback", "--pool", "--project-dir"],
+    }[command]
+    for name in expected:
+        [entry] = [k for k in arguments if k.split()[0] == name]
+        assert len(arguments[entry]) > 20, (entry, arguments[entry])
+    for help_text in (top, text):
+        for markup in ("``", ":func:", ":mod:", ":class:", ":meth:", "`"):
+            assert markup not in help_text, markup
+    if command == "deploy":
+        assert "(default: gpu-pool)" in arguments["--pool POOL"]
+        assert arguments["--backend {auto,spmd,dask,ray,cpu}"].endswith("(default: spmd)")

@@ -23,3 +23,25 @@ def test_block_type_and_serializer_are_registered_by_name():
 
     assert lookup_type(Block, "cudf-polars-engine").__name__ == "CudfPolarsEngine"
     assert type(Serializer(type="cudf-polars-gpu")).__name__ == "GPUResultSerializer"
+
+
+def test_the_top_level_exports_the_public_api_of_the_subpackages():
+    import prefect_cudf_polars
+    from prefect_cudf_polars import blocks, tasks
+    from prefect_cudf_polars import (  # noqa: F401 (the import itself is checked)
+        CudfPolarsEngine,
+        CudfPolarsTaskRunner,
+        GPUResult,
+        collect,
+        execute,
+        gpu_task,
+        tee,
+    )
+
+    assert sorted(prefect_cudf_polars.__all__) == [
+        "CudfPolarsEngine", "CudfPolarsTaskRunner", "GPUResult", "collect", "execute", "gpu_task", "tee",
+    ]
+    # The same objects as the subpackage paths, not copies.
+    for name in prefect_cudf_polars.__all__:
+        home = blocks if name in blocks.__all__ else tasks
+        assert getattr(prefect_cudf_polars, name) is getattr(home, name), name

@@ -108,4 +108,9 @@ def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
     assert started.resource.id.startswith("prefect-cudf-polars.engine-session.")
     assert started.payload["backend"] == "cpu" and started.payload["gpus"] == []
     assert stopped.payload["counts"] == {"produced": 3, "consumed": 2, "released_unconsumed": 1}
-    assert stopped.payload["timings"]["engine_shutdown_s"] >= 0
+    # The event carries the session's timings (seconds), the figures its summary artifact shows.
+    timings = stopped.payload["timings"]
+    assert set(timings) == {"engine_start_s", "engine_shutdown_s"}
+    [summary] = artifacts_of(flow_run_id=flow_run_id, key=summary_key("pipeline"))
+    for row, key in (("engine start", "engine_start_s"), ("engine shutdown", "engine_shutdown_s")):
+        assert f"| {row} | {timings[key]:.2f} s |" in summary.data, (key, timings, summary.data)

@@ -2,7 +2,8 @@
 Data spread over every rank, for the multi-GPU tests (Dask and Ray backends).
 
 ``target_partition_size`` is set low (16 MB) so 20M rows spread over all ranks;
-cudf-polars' default (1.5 GB on an H200) keeps such data in one partition on rank 0.
+cudf-polars' default (min(1.5 GB, 2.5 % of GPU memory)) keeps such data in one
+partition on rank 0.
 Test modules import the fixture (``from spread_data import data``).
 """
 

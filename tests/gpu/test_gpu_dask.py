@@ -1,5 +1,5 @@
 """
-The ``dask`` backend on every visible GPU (2 on the lent ``nvidia-h200-x2``, any N >= 2).
+The ``dask`` backend on every visible GPU (any N >= 2).
 
 Skipped without a GPU (conftest) and with fewer than two GPUs (here). The data
 and queries are in ``spread_data.py`` (shared with the Ray tests).
@@ -78,8 +78,6 @@ def test_external_cluster_stays_up_and_holds_none_of_our_results(data):
 def test_external_cluster_drops_a_sigkilled_sessions_results(data, tmp_path):
     """
     SIGKILL a process holding results on an external cluster: the lease frees every worker.
-
-    Passed on the two-GPU H200 on 2026-11-30 (docs/device-runs).
     """
     from distributed import Client
 

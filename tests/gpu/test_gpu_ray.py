@@ -1,8 +1,8 @@
 """
 The ``ray`` backend on every visible GPU: cudf-polars' ``RayEngine``, one rank (actor) per GPU.
 
-Skipped without a GPU (conftest) or without Ray (``pip install ray``; the GPU kit
-needs ``ray`` as an extra spec). An external cluster is a ``ray start --head``
+Skipped without a GPU (conftest) or without Ray (``pip install 'prefect-cudf-polars[ray]'``).
+An external cluster is a ``ray start --head``
 on 127.0.0.1 started here; a local Ray is started and stopped by the session.
 """
 

@@ -4,10 +4,10 @@ option that spills, the session survives, nothing else is lost, and our layer
 holds nothing the failure left behind.
 
 What cudf-polars itself leaves allocated after an out-of-memory failure is
-measured next to ours (``alone`` mode of the script): seen on the H200
-(2026-11-30, cudf-polars 26.10.2), each failed query of this shape left
-16,250,112 bytes allocated through rmm with no Python object holding them,
-growing with each failure until the engine shuts down. The test checks that
+measured next to ours (``alone`` mode of the script): with cudf-polars 26.10.2
+each failed query of this shape leaves 16,250,112 bytes allocated through rmm
+with no Python object holding them, growing with each failure until the engine
+shuts down. The test checks that
 our session adds nothing to that figure and that shutting the engine down (the
 session's end) gives the memory back to the driver.
 
@@ -46,8 +46,8 @@ def test_device_memory_exhausted_says_which_option_spills():
     ours, alone, control = run_script("ours"), run_script("alone"), run_script("control")
     for out in (ours, alone, control):
         print(json.dumps({k: v for k, v in out.items() if k != "message"}))
+    # The script catches MemoryError only (DeviceMemoryError is one); any other error fails it.
     assert ours["raised"] == "DeviceMemoryError", ours
-    assert ours["is_memory_error"]
     assert "spill_device_limit" in ours["message"] and "target_partition_size" in ours["message"]
     assert "cudf-polars said:" in ours["message"]
     assert ours["live_after_error"] == ["kept"]  # the failed query left no result behind
@@ -55,7 +55,7 @@ def test_device_memory_exhausted_says_which_option_spills():
     # A held error keeps nothing alive: the same figure with the error alive and gone.
     assert ours["held_with_error_1"] == ours["after_error_1"]
     # What stays allocated after each failure is cudf-polars' own figure, not ours.
-    assert alone["is_memory_error"] and alone["kept_rows"] == 3
+    assert alone["raised"] is not None and alone["kept_rows"] == 3, alone
     for attempt in (1, 2):
         left_ours = ours[f"after_error_{attempt}"] - ours["at_start"]
         left_alone = alone[f"after_error_{attempt}"] - alone["at_start"]

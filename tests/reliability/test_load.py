@@ -8,12 +8,11 @@ bytes), read inside the flow run every 100 tasks, next to the engine's memory
 on ``cpu``); the test prints the figures (run with ``-s`` to see them). The
 ``spmd`` case is marked ``gpu`` and gives the device figures on a GPU machine.
 
-On the GPU the engine's figure is not flat along a chain: seen on the H200
-(2026-11-30, cudf-polars 26.10.2), each chained
-``execute(r.lazy().with_columns(...))`` step keeps 8,000 bytes more allocated
-(one replaced 1,000-row float64 column) while the chain's last result is live,
-with cudf-polars' ``SPMDEngine`` alone exactly as through our tasks, and all of
-it is freed when the last result is read (``tests/gpu/scripts/chained_memory.py``
+On the GPU the engine's figure is not flat along a chain: with cudf-polars
+26.10.2 each chained ``execute(r.lazy().with_columns(...))`` step keeps 8,000
+bytes more allocated (one replaced 1,000-row float64 column) while the chain's
+last result is live, with cudf-polars' ``SPMDEngine`` alone exactly as through
+our tasks, and all of it is freed when the last result is read (``tests/gpu/scripts/chained_memory.py``
 measures the three ways). So on ``spmd`` the test checks that our tasks add
 nothing to cudf-polars' own figures, step for step, and that reading the last
 result brings the engine back to its start.

@@ -205,7 +205,7 @@ def _assert_flow_process_torn_down(evidence: Path, ready: dict, backend: str, *,
     lines = [m for m in log if "session ended" in m]
     if group_killed and backend == "ray" and not lines:
         pytest.xfail(
-            "Known limit (README, 'Several GPUs'): the group SIGTERM also stops the local Ray, "
+            "Known limit (docs/several-gpus.md, 'Cancelling a flow run'): the group SIGTERM also stops the local Ray, "
             "and the flow process ended without running its teardown, so no session-end "
             "line or event; its processes are gone and device memory is back (checked)."
         )

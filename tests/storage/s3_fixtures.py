@@ -2,10 +2,11 @@
 A real S3 server for the storage tests: moto's server (``python -m moto.server``) on
 127.0.0.1, in a process of its own.
 
-Its own process, not ``ThreadedMotoServer`` in the test process: on the H200 a
-GPU read of ``s3://`` through KvikIO held the GIL while it waited for the
-server's answer, so an in-process server thread could never answer and the test
-hung (seen 2026-11-30; pytest-timeout's thread method could not fire either).
+Its own process, not ``ThreadedMotoServer`` in the test process: a GPU read of
+``s3://`` through KvikIO (cudf-polars 26.10) holds the GIL while it waits for
+the server's answer, so an in-process server thread could never answer: the test
+would hang, and pytest-timeout's thread method, which needs the GIL too, could
+not end it.
 
 Test modules import the fixtures (``from s3_fixtures import moto_s3, bucket, ...``):
 a ``conftest.py`` here would shadow ``tests/conftest.py``'s ``from conftest import``.

@@ -35,9 +35,8 @@ from prefect_cudf_polars.tasks.storage.read import run_reading_s3, scan_parquet
 
 from s3_fixtures import bucket, moto_s3, upload  # noqa: F401 (fixtures)
 
-# A read that hangs inside kvikio's native code ignores pytest-timeout's signal method
-# (seen on the H200 on 2026-11-30: the first test below ran past 500 s); the thread
-# method ends the whole run with stack dumps instead of hanging it.
+# A read that hangs inside kvikio's native code ignores pytest-timeout's signal method;
+# the thread method ends the whole run with stack dumps instead of hanging it.
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120, method="thread")]
 
 ROWS = 1_000_000

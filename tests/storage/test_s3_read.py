@@ -155,7 +155,7 @@ def test_gpu_style_scan_reads_with_the_environment_only(moto_s3, bucket, upload,
     assert_frame_equal(got, trips_df)
 
 
-#: The GPU reader's whole message for refused keys (seen on the H200, cudf-polars 26.10).
+#: The GPU reader's whole message for refused keys (cudf-polars 26.10 through KvikIO).
 KVIKIO_REFUSED = (
     "CUDF failure at: /__w/cudf/cudf/cpp/src/io/utilities/datasource.cpp:430: Error accessing "
     "the remote file. Reason: KvikIO detects an URL error at: "
