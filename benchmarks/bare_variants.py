@@ -8,8 +8,10 @@ The variants without Prefect: bare cudf-polars (chained, fused, host round trips
     the next step starts from ``df.lazy()``, which copies it back to the GPU.
 (e) ``cpu``: the fused query on polars' CPU engine (in-memory engine).
 
-The bare engine is the backend's engine object used directly, made from the same
-block fields as the Prefect variant's, created and shut down on the calling thread.
+The bare engine is the backend's engine object used directly: the one the flow
+run's engine session started with the block's fields, called on the thread that
+created it (:mod:`benchmarks.engine_thread`), with no code of the session on
+the path.
 """
 
 from __future__ import annotations
@@ -19,35 +21,27 @@ from typing import Any
 
 import polars as pl
 
-from benchmarks.pipelines import Paths, Pipeline
+from benchmarks.pipelines import Paths, Pipeline, Step
 from benchmarks.timing import RunOutcome
-from prefect_cudf_polars.blocks import CudfPolarsEngine
-from prefect_cudf_polars.blocks.backends.choice import start_backend
 
 
 class BareEngine:
     """
-    A backend's engine without the session: ``execute`` and ``collect`` on this thread.
+    A backend's engine without the session: ``execute`` and ``collect`` on the engine itself.
+
+    Call it only on the thread that created the engine.
 
     Parameters
     ----------
-    backend
-        Resolved backend: ``"spmd"``, ``"dask"``, ``"ray"`` or ``"cpu"``.
-    block
-        Engine options (the same block the Prefect variant uses).
-
-    Raises
-    ------
-    ImportError, RuntimeError
-        When the engine cannot start (cudf-polars' own errors).
+    running
+        The backend's running engine (``EngineSession.running_engine``); its
+        ``engine`` attribute is the cudf-polars engine (or the ``cpu``
+        backend's).
     """
 
-    def __init__(self, backend: str, block: CudfPolarsEngine) -> None:
-        started = time.perf_counter()
-        self.running = start_backend(backend, block)
-        self.start_s = time.perf_counter() - started
-        self.backend = backend
-        self.engine: Any = self.running.engine
+    def __init__(self, running: Any) -> None:
+        self.backend: str = running.backend
+        self.engine: Any = running.engine
 
     def execute(self, lf: pl.LazyFrame) -> Any:
         """``engine.execute(lf)``: a persisted result that stays in the engine."""
@@ -59,30 +53,33 @@ class BareEngine:
             return self.engine.collect(lf)
         return lf.collect(engine=self.engine)
 
-    def shutdown(self) -> None:
-        """Shut the engine down (idempotent)."""
-        self.running.shutdown()
+
+def bare_step(engine: BareEngine, step: Step, previous: Any, paths: Paths, *, last: bool) -> Any:
+    """
+    One step on the bare engine: build its query on ``previous.lazy()``, run it.
+
+    The last step is collected to the host; the others return the persisted
+    result. ``previous``, already read, is released (which frees anything its
+    scan left).
+    """
+    lf = step.build(previous.lazy() if previous is not None else None, paths)
+    value = engine.collect(lf) if last else engine.execute(lf)
+    if previous is not None:
+        previous.release()
+    return value
 
 
 def chained(engine: BareEngine, pipeline: Pipeline, paths: Paths) -> RunOutcome:
     """(b) One ``engine.execute()`` per step, chained with ``result.lazy()``."""
     steps_s: dict[str, float] = {}
     started = time.perf_counter()
-    previous = None
-    df = None
+    value = None
     last = len(pipeline.steps) - 1
     for i, step in enumerate(pipeline.steps):
         t = time.perf_counter()
-        lf = step.build(previous.lazy() if previous is not None else None, paths)
-        if i == last:
-            df = engine.collect(lf)
-        else:
-            current = engine.execute(lf)
-        if previous is not None:
-            previous.release()  # already read; frees anything a scan left
-        previous = None if i == last else current
+        value = bare_step(engine, step, value, paths, last=i == last)
         steps_s[step.name] = time.perf_counter() - t
-    return RunOutcome(time.perf_counter() - started, df, steps_s)
+    return RunOutcome(time.perf_counter() - started, value, steps_s)
 
 
 def fused(engine: BareEngine, pipeline: Pipeline, paths: Paths) -> RunOutcome:

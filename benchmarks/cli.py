@@ -1,30 +1,28 @@
 """
-The one command: generate TPC-H data, run every variant of every pipeline, write JSON, markdown and a chart.
+The one command: generate TPC-H data, run the variants of every pipeline interleaved, write JSON, markdown and a chart.
 
 ::
 
-    python -m benchmarks --scale-factors 1,10 --runs 5 --out DIR
+    python -m benchmarks --scale-factors 1,10 --runs 10 --out DIR
+    python -m benchmarks --report-only --out DIR
 
-For each scale factor, in this order (the most important first, so that a spent
-``--budget-s`` cuts the least important):
-
-1. data: ``tpchgen-cli`` parquet (reused when already generated);
-2. (a) our Prefect flow for every pipeline, then (f) ``gpu-task`` and the
-   task-path profile, in one flow run with one engine session;
-3. a bare engine: (b) chained, (c) fused, (d) host round trips per pipeline,
-   then (f) ``bare``, ``plain-task`` and ``noop-task`` in a plain flow run;
-4. (e) polars on the CPU per pipeline;
-5. every final result compared with the CPU's; goals; ``results.md`` and
-   ``chart.png`` rewritten.
+For each scale factor: data (``tpchgen-cli`` parquet, reused when already
+generated); one flow run with one engine session in which each pipeline's
+variants run round-robin, then (f) (:mod:`benchmarks.prefect_flows`); every
+final result compared with polars on the CPU ((e), or the fused query
+collected on the CPU untimed when (e) is not asked for). ``--report-only``
+rewrites ``results.md`` and ``chart.png`` from ``results.json``.
 
 Every measurement is guarded: a failure is recorded in ``results.json`` and the
-next one runs. ``results.json`` is rewritten after each measurement. The exit
-status is 0 when nothing failed (skips for the budget included), 1 otherwise.
+next one runs. ``results.json`` is rewritten after each measurement; goals,
+``results.md`` and ``chart.png`` after each scale factor. The exit status is 0
+when nothing failed (skips for the budget included), 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -34,14 +32,14 @@ from typing import Any
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from benchmarks import bare_variants, machine, report
+from benchmarks import goals, machine, report
 from benchmarks.pipelines import PIPELINES, Pipeline
-from benchmarks.prefect_flows import OURS_OVERHEAD, PLAIN_OVERHEAD, run_ours, run_plain_tasks
+from benchmarks.prefect_flows import OVERHEAD, round_keys, run_variants
 from benchmarks.results_file import ResultsFile, error_text
-from benchmarks.timing import Budget, repeat
+from benchmarks.timing import Budget
 from benchmarks.tpch_data import default_data_dir, ensure_tpch, sf_label
 
-ALL_VARIANTS = ("a", "b", "c", "d", "e", "f")
+ALL_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h")
 
 
 def _floats(text: str) -> list[float]:
@@ -70,28 +68,35 @@ def parser() -> argparse.ArgumentParser:
     """The command line."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="TPC-H pipelines: our Prefect flow vs bare cudf-polars, host round trips and the CPU.",
+        description="TPC-H pipelines: our Prefect flow vs bare cudf-polars, plain Prefect "
+        "tasks, host round trips and the CPU.",
     )
-    p.add_argument("--scale-factors", type=_floats, default=[1.0, 10.0], help="e.g. 1,10 (default)")
-    p.add_argument("--runs", type=int, default=5, help="timed runs per variant (median), default 5")
-    p.add_argument("--warmups", type=int, default=1, help="untimed warm-up runs, default 1")
-    p.add_argument("--out", type=Path, required=True, help="folder for results.json/.md, chart.png")
     p.add_argument(
         "--report-only",
         action="store_true",
         help="only rewrite results.md and chart.png from OUT/results.json (e.g. after a timeout)",
     )
+    p.add_argument("--scale-factors", type=_floats, default=[1.0, 10.0], help="e.g. 1,10 (default)")
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=10,
+        help="timed rounds (median per variant), default 10",
+    )
+    p.add_argument("--warmups", type=int, default=1, help="untimed warm-up rounds, default 1")
+    p.add_argument("--out", type=Path, required=True, help="folder for results.json/.md, chart.png")
     p.add_argument(
         "--data-dir",
         type=Path,
         default=None,
-        help="TPC-H parquet cache (default $PREFECT_CUDF_POLARS_TPCH or ~/.cache/prefect-cudf-polars/tpch)",
+        help="TPC-H parquet cache (default $PREFECT_CUDF_POLARS_TPCH or ~/.cache/prefect-cudf-polars/tpch); "
+        "a scale factor already generated there is reused",
     )
     p.add_argument(
         "--backend",
         choices=("spmd", "dask", "auto", "cpu"),
         default="spmd",
-        help="engine backend for (a)-(d) and (f); cpu runs the harness without a GPU",
+        help="engine backend; cpu runs the harness without a GPU",
     )
     p.add_argument(
         "--gpus",
@@ -104,15 +109,15 @@ def parser() -> argparse.ArgumentParser:
         "--variants",
         type=_names(ALL_VARIANTS),
         default=list(ALL_VARIANTS),
-        help="subset of a,b,c,d,e,f (default all)",
+        help="subset of a,b,c,d,e,f,g,h (default all; g also runs its NO_CACHE sub-variant)",
     )
-    p.add_argument("--overhead-calls", type=int, default=50, help="timed calls per (f) measurement")
+    p.add_argument("--overhead-calls", type=int, default=50, help="timed calls per (f) timer")
     p.add_argument(
         "--budget-s",
         type=float,
         default=420.0,
-        help="wall seconds for the whole command; once spent, no new run starts "
-        "(at least one run per started variant) and later variants are skipped",
+        help="wall seconds for the whole command; once spent, no new round starts "
+        "(at least one timed round per started pipeline) and later measurements are skipped",
     )
     p.add_argument("--tpchgen", default=None, help="path of tpchgen-cli (default: found on PATH)")
     p.add_argument(
@@ -138,6 +143,39 @@ def compare(got: Any, want: Any) -> str | None:
     return None
 
 
+def load_data(
+    sf: float, args: argparse.Namespace, results: ResultsFile, keys: list[tuple[str, str]]
+) -> dict[str, str] | None:
+    """The tables of one scale factor (generated unless already there); ``None`` after a recorded failure."""
+    label = sf_label(sf)
+    print(f"== scale factor {label}: data", flush=True)
+    try:
+        data = ensure_tpch(
+            sf, args.data_dir or default_data_dir(), tpchgen=args.tpchgen, threads=args.threads
+        )
+    except Exception as exc:
+        traceback.print_exc()
+        results.error(f"data sf{label}", exc)
+        for key in keys:
+            results.fail(label, key, exc)
+        return None
+    results.set("data", {k: v for k, v in data.items() if k != "paths"}, sf=label)
+    return data["paths"]  # type: ignore[return-value]
+
+
+def cpu_references(
+    pipes: list[Pipeline], paths: dict[str, str], results: ResultsFile, label: str
+) -> dict[str, pl.DataFrame]:
+    """Each pipeline's fused query collected on polars' CPU engine, untimed (the reference without (e))."""
+    frames = {}
+    for p in pipes:
+        try:
+            frames[p.name] = p.fused(paths).collect()
+        except Exception as exc:
+            results.error(f"cpu reference sf{label} {p.name}", exc)
+    return frames
+
+
 def run_scale_factor(
     sf: float,
     *,
@@ -148,140 +186,44 @@ def run_scale_factor(
     results: ResultsFile,
     budget: Budget,
 ) -> None:
-    """Run every phase for one scale factor (see the module docstring)."""
+    """The variants at one scale factor (see the module docstring)."""
     label = sf_label(sf)
     pipes: list[Pipeline] = [PIPELINES[n] for n in args.pipelines]
-    want = set(args.variants)
-    guard = results.guard_for(label)
-    gpu_keys = [(p.name, v) for p in pipes for v in "abcd" if v in want]
-    if "f" in want:
-        gpu_keys += [("task-overhead", n) for n in (OURS_OVERHEAD, "profile", PLAIN_OVERHEAD)]
-
-    print(f"== scale factor {label}: data", flush=True)
+    keys = [(p.name, v) for p in pipes for v in round_keys(args.variants)]
+    if "f" in args.variants:
+        keys += [("task-overhead", OVERHEAD), ("task-overhead", "profile")]
+    paths = load_data(sf, args, results, keys)
+    if paths is None:
+        return
+    print(f"== scale factor {label}: variants {','.join(args.variants)}, interleaved", flush=True)
     try:
-        data = ensure_tpch(
-            sf, args.data_dir or default_data_dir(), tpchgen=args.tpchgen, threads=args.threads
+        info = run_variants(
+            label=label,
+            block=block,
+            backend=backend,
+            backend_error=backend_error,
+            pipelines=pipes,
+            paths=paths,
+            variants=args.variants,
+            runs=args.runs,
+            warmups=args.warmups,
+            budget=budget,
+            overhead_calls=args.overhead_calls,
+            guard=results.guard_for(label),
         )
     except Exception as exc:
         traceback.print_exc()
-        results.error(f"data sf{label}", exc)
-        for key in gpu_keys + [(p.name, "e") for p in pipes if "e" in want]:
-            results.fail(label, key, exc)
-        return
-    paths = data["paths"]
-    results.set("data", {k: v for k, v in data.items() if k != "paths"}, sf=label)
-    engines: dict[str, Any] = {}
-
-    if backend is None:
-        for key in gpu_keys:
-            results.fail(label, key, backend_error or RuntimeError("no backend"))
-    else:
-        if "a" in want or "f" in want:
-            print(f"== scale factor {label}: (a) our Prefect flow", flush=True)
-            try:
-                engines["ours"] = run_ours(
-                    label=label,
-                    block=block,
-                    pipelines=pipes if "a" in want else [],
-                    paths=paths,
-                    runs=args.runs,
-                    warmups=args.warmups,
-                    budget=budget,
-                    overhead_calls=args.overhead_calls,
-                    overhead="f" in want,
-                    guard=guard,
-                )
-            except Exception as exc:
-                traceback.print_exc()
-                results.error(f"our flow sf{label}", exc)
-                for key in [k for k in gpu_keys if k[1] in ("a", OURS_OVERHEAD, "profile")]:
-                    results.fail(label, key, exc)
-        if want & set("bcdf"):
-            print(f"== scale factor {label}: (b)-(d) bare engine", flush=True)
-            run_bare(
-                label, backend, block, pipes, paths, want, args, guard, results, budget, engines
-            )
-    results.set("engines", engines, sf=label)
-
-    if "e" in want:
-        print(f"== scale factor {label}: (e) polars CPU", flush=True)
-        for p in pipes:
-            guard(
-                (p.name, "e"),
-                lambda p=p: repeat(
-                    lambda: bare_variants.cpu_polars(p, paths),
-                    runs=args.runs,
-                    warmups=args.warmups,
-                    budget=budget,
-                ),
-            )
-    results.check_results(label, compare)
-
-
-def run_bare(
-    label: str,
-    backend: str,
-    block: Any,
-    pipes: list[Pipeline],
-    paths: dict[str, str],
-    want: set[str],
-    args: argparse.Namespace,
-    guard: Any,
-    results: ResultsFile,
-    budget: Budget,
-    engines: dict[str, Any],
-) -> None:
-    """(b), (c), (d) per pipeline and (f) bare / plain-task / noop-task on one bare engine."""
-    keys = [(p.name, v) for p in pipes for v in "bcd" if v in want]
-    if "f" in want:
-        keys += [("task-overhead", PLAIN_OVERHEAD)]
-    try:
-        engine = bare_variants.BareEngine(backend, block)
-    except Exception as exc:
-        traceback.print_exc()
-        results.error(f"bare engine sf{label}", exc)
+        results.error(f"flow run sf{label}", exc)
         for key in keys:
             results.fail(label, key, exc)
-        return
-    engines["bare_engine_start_s"] = engine.start_s
-    runners = {"b": bare_variants.chained, "c": bare_variants.fused, "d": bare_variants.round_trips}
-    try:
-        for p in pipes:
-            for v in "bcd":
-                if v in want:
-                    guard(
-                        (p.name, v),
-                        lambda p=p, fn=runners[v]: repeat(
-                            lambda: fn(engine, p, paths),
-                            runs=args.runs,
-                            warmups=args.warmups,
-                            budget=budget,
-                        ),
-                    )
-        if "f" in want:
-            try:
-                run_plain_tasks(
-                    label=label,
-                    engine=engine,
-                    paths=paths,
-                    calls=args.overhead_calls,
-                    warmups=max(3, args.warmups),
-                    guard=guard,
-                )
-            except Exception as exc:
-                traceback.print_exc()
-                results.fail(label, ("task-overhead", PLAIN_OVERHEAD), exc)
-    finally:
-        try:
-            engine.shutdown()
-        except Exception as exc:
-            results.error(f"bare engine shutdown sf{label}", exc)
+        info = {}
+    results.set("engines", info, sf=label)
+    references = {} if "e" in args.variants else cpu_references(pipes, paths, results, label)
+    results.check_results(label, compare, references)
 
 
 def rewrite_reports(out: Path) -> int:
     """Rewrite ``results.md`` and ``chart.png`` from ``out/results.json``; 2 when it is missing."""
-    import json
-
     source = Path(out) / "results.json"
     if not source.exists():
         print(
@@ -289,9 +231,16 @@ def rewrite_reports(out: Path) -> int:
         )
         return 2
     doc = json.loads(source.read_text())
-    doc["goals"] = report.goals(doc)
+    doc["goals"] = goals.goals(doc)
     print(report.write_reports(doc, Path(out)))
     return 0
+
+
+def failed(doc: dict[str, Any]) -> bool:
+    """Whether a measurement failed, or an error was recorded."""
+    if doc["errors"]:
+        return True
+    return any(m["status"] == "failed" for m in doc["measurements"] + doc["task_overhead"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,14 +291,10 @@ def main(argv: list[str] | None = None) -> int:
             results=results,
             budget=budget,
         )
-        results.set("goals", report.goals(results.doc))
+        results.set("goals", goals.goals(results.doc))
         results.set("reports", report.write_reports(results.doc, args.out))
     results.finish()
+    results.set("goals", goals.goals(results.doc))
     results.set("reports", report.write_reports(results.doc, args.out))
-    print(report.markdown(results.doc), flush=True)
-    failed = [
-        m
-        for m in results.doc["measurements"] + results.doc["task_overhead"]
-        if m["status"] == "failed"
-    ]
-    return 1 if failed or results.doc["errors"] else 0
+    print(report.summary(results.doc), flush=True)
+    return 1 if failed(results.doc) else 0

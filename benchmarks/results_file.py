@@ -1,11 +1,11 @@
 """
 ``results.json``: every measurement, written again after each one, so a crash or a timeout keeps what was done.
 
-Layout (``schema`` 1)::
+Layout (``schema`` 2)::
 
-    {"schema": 1, "started_at", "finished_at", "command", "settings", "machine",
+    {"schema": 2, "started_at", "finished_at", "command", "settings", "machine",
      "data": {"<sf>": {...}},                      # tpch_data.ensure_tpch, minus paths
-     "engines": {"<sf>": {...}},                   # engine start seconds, session summary
+     "engines": {"<sf>": {...}},                   # session summary, threads, flow run seconds
      "measurements": [                            # one per (sf, pipeline, variant)
         {"scale_factor", "pipeline", "variant", "status": "ok"|"failed"|"skipped",
          "error", "median_s", "min_s", "runs_s", "warmup_s", "steps_median_s",
@@ -30,7 +30,7 @@ from typing import Any
 
 from benchmarks.timing import BudgetSpentError, Timing
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 def _now() -> str:
@@ -43,6 +43,25 @@ def error_text(exc: BaseException) -> str:
     for inner in getattr(exc, "exceptions", ())[:1]:
         text += f" [{type(inner).__name__}: {inner}]"
     return text[:2000]
+
+
+def new_document(command: list[str], settings: dict[str, Any]) -> dict[str, Any]:
+    """A ``results.json`` document with nothing measured yet, started now."""
+    return {
+        "schema": SCHEMA,
+        "started_at": _now(),
+        "finished_at": None,
+        "command": command,
+        "settings": settings,
+        "machine": {},
+        "data": {},
+        "engines": {},
+        "measurements": [],
+        "task_overhead": [],
+        "task_path_profile": {},
+        "goals": [],
+        "errors": [],
+    }
 
 
 class ResultsFile:
@@ -61,21 +80,7 @@ class ResultsFile:
         self.out = Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / "results.json"
-        self.doc: dict[str, Any] = {
-            "schema": SCHEMA,
-            "started_at": _now(),
-            "finished_at": None,
-            "command": command,
-            "settings": settings,
-            "machine": {},
-            "data": {},
-            "engines": {},
-            "measurements": [],
-            "task_overhead": [],
-            "task_path_profile": {},
-            "goals": [],
-            "errors": [],
-        }
+        self.doc: dict[str, Any] = new_document(command, settings)
         #: Final DataFrames per (sf, pipeline, variant), for the correctness check.
         self.frames: dict[tuple[str, str, str], Any] = {}
         self.save()
@@ -183,26 +188,34 @@ class ResultsFile:
         self.doc["measurements"].append(entry)
         self.save()
 
-    def check_results(self, sf: str, compare: Callable[[Any, Any], str | None]) -> None:
+    def check_results(
+        self,
+        sf: str,
+        compare: Callable[[Any, Any], str | None],
+        references: dict[str, Any] | None = None,
+    ) -> None:
         """
         Compare every variant's final DataFrame with the reference of its pipeline.
 
-        The reference is variant ``e`` (polars on the CPU), else ``c``. Sets
-        ``matches_reference`` (bool) and ``reference`` on each measurement, and
-        ``mismatch`` with ``compare``'s text when they differ.
+        The reference is variant ``e`` (polars on the CPU, timed) where it ran,
+        else ``references[pipeline]`` (the same query collected on the CPU,
+        untimed; named ``"cpu"``). Sets ``matches_reference`` (bool) and
+        ``reference`` on each measurement, and ``mismatch`` with ``compare``'s
+        text when they differ.
         """
+        references = references or {}
         for entry in self.doc["measurements"]:
             if entry["scale_factor"] != sf or entry["status"] != "ok":
                 continue
             pipeline = entry["pipeline"]
-            ref_variant = next((v for v in ("e", "c") if (sf, pipeline, v) in self.frames), None)
-            if ref_variant is None:
+            if (sf, pipeline, "e") in self.frames:
+                ref_name, reference = "e", self.frames[(sf, pipeline, "e")]
+            elif pipeline in references:
+                ref_name, reference = "cpu", references[pipeline]
+            else:
                 continue
-            problem = compare(
-                self.frames[(sf, pipeline, entry["variant"])],
-                self.frames[(sf, pipeline, ref_variant)],
-            )
-            entry["reference"] = ref_variant
+            problem = compare(self.frames[(sf, pipeline, entry["variant"])], reference)
+            entry["reference"] = ref_name
             entry["matches_reference"] = problem is None
             if problem is not None:
                 entry["mismatch"] = problem[:1000]
@@ -212,3 +225,4 @@ class ResultsFile:
         """Stamp ``finished_at`` and save."""
         self.doc["finished_at"] = _now()
         self.save()
+

@@ -2,22 +2,19 @@
 (f) Per-task overhead on a tiny query: our GPU task vs a plain Prefect task vs the bare engine call.
 
 The tiny query (the 5 nations of one region, from ``nation.parquet``) takes the
-engine almost no time, so what is left is the cost around it:
+engine almost no time, so what is left is the cost around it. In one flow run
+and one engine session, taking turns call by call:
 
-* ``bare``: ``engine.execute(query)`` on the thread that created the engine;
+* ``bare``: ``engine.execute(query)`` on the engine's thread;
 * ``plain-task``: a plain ``@task`` (no persistence, no cache) making the same
-  call on the same kind of engine — Prefect's own cost is ``plain-task - bare``;
+  call, on the engine's thread: Prefect's own cost is ``plain-task - bare``;
 * ``gpu-task``: our ``gpu_task`` returning a ``GPUResult`` through the flow
-  run's engine session — our cost is ``gpu-task - plain-task``;
-* ``noop-task``: a plain ``@task`` doing nothing (Prefect's floor), timed in
-  both flow runs (``noop-task`` next to the bare engine, ``noop-task@ours`` next
-  to our session), so a drift between the two flow runs shows.
+  run's engine session, called in the flow body: our cost is
+  ``gpu-task - plain-task`` (the hand-off to the owner thread included);
+* ``noop-task``: a plain ``@task`` doing nothing, called in the flow body.
 
-Within a flow run the callables take turns call by call.
-
-Tasks are called directly in the flow body (Prefect runs them on the flow's
-thread), each call timed with ``time.perf_counter``; results are released after
-each call, outside the timing.
+Each call is timed with ``time.perf_counter`` on the thread it runs on; its
+result is released after the timing, on that same thread.
 """
 
 from __future__ import annotations
@@ -58,13 +55,21 @@ def _stats(runs: list[float]) -> dict[str, Any]:
 
 
 def time_calls(
-    named: dict[str, Callable[[], Any]], *, calls: int, warmups: int, release: Callable[[Any], None]
+    named: dict[str, Callable[[], float]], *, calls: int, warmups: int
 ) -> dict[str, dict[str, Any]]:
     """
-    Time ``calls`` calls of each callable, interleaved, after ``warmups`` untimed rounds.
+    Call each timer ``calls`` times, interleaved, after ``warmups`` untimed rounds.
 
-    The callables take turns call by call, so that a drift of the machine (Prefect's
+    The timers take turns call by call, so that a drift of the machine (Prefect's
     background work, other processes) touches them alike.
+
+    Parameters
+    ----------
+    named
+        Name to a callable that makes one call and returns its seconds
+        (:func:`timed_release`, possibly handed to the engine's thread).
+    calls, warmups
+        Timed and untimed rounds.
 
     Returns
     -------
@@ -73,23 +78,24 @@ def time_calls(
         (milliseconds).
     """
     for _ in range(warmups):
-        for call in named.values():
-            release(call())
+        for timer in named.values():
+            timer()
     gc.collect()
     runs: dict[str, list[float]] = {name: [] for name in named}
     for _ in range(calls):
-        for name, call in named.items():
-            started = time.perf_counter()
-            value = call()
-            runs[name].append((time.perf_counter() - started) * 1000)
-            release(value)
+        for name, timer in named.items():
+            runs[name].append(timer() * 1000)
     return {name: _stats(values) for name, values in runs.items()}
 
 
-def release_result(value: Any) -> None:
-    """Release a persisted result or GPUResult (``None`` passes)."""
+def timed_release(call: Callable[[], Any]) -> float:
+    """Seconds of ``call()``; then its persisted result or GPUResult is released (``None`` passes)."""
+    started = time.perf_counter()
+    value = call()
+    seconds = time.perf_counter() - started
     if value is not None:
         value.release()
+    return seconds
 
 
 def plain_task_for(engine: Any, paths: Paths) -> Any:

@@ -1,5 +1,5 @@
 """
-Repeat a measured call: warm-ups, then timed runs, median; stop early when the time budget is spent.
+Timed runs of variants, interleaved round by round: warm-ups, then timed runs, median; stop early when the time budget is spent.
 """
 
 from __future__ import annotations
@@ -90,56 +90,90 @@ class Timing:
         }
 
 
-def repeat(
-    run_once: Callable[[], RunOutcome], *, runs: int, warmups: int, budget: Budget
-) -> Timing:
-    """
-    Call ``run_once`` ``warmups`` times, then ``runs`` times, timing each.
+#: What :func:`interleave` gives for each variant: its timings, or the error that stopped it.
+Outcome = Timing | BaseException
 
-    A garbage collection runs before every call, outside the timing. Once the
-    budget is spent, no further call starts, but at least one timed run is
-    always done (``cut_short`` is then set).
+
+def interleave(
+    variants: dict[str, Callable[[], RunOutcome]],
+    *,
+    runs: int,
+    warmups: int,
+    budget: Budget,
+) -> dict[str, Outcome]:
+    """
+    Run the variants round-robin: each round calls every variant once, in order.
+
+    ``warmups`` untimed rounds come first, then ``runs`` timed rounds, so that a
+    drift of the machine (clocks, Prefect's background work, other processes)
+    touches every variant alike. A garbage collection runs before every call,
+    outside the timing. A variant that raises is left out of the later rounds
+    and the others go on. Once the budget is spent, no new round starts, but at
+    least one timed round always runs (``cut_short`` is then set).
 
     Parameters
     ----------
-    run_once
-        Runs the variant once and returns its :class:`RunOutcome` (the variant
-        times itself, so that a Prefect flow can time inside its own run).
+    variants
+        Name to a callable that runs the variant once and returns its
+        :class:`RunOutcome` (each variant times itself, so that it can time on
+        the thread it runs on, or inside a Prefect flow run).
     runs, warmups
-        Timed runs and warm-up runs.
+        Timed rounds and untimed warm-up rounds.
     budget
         The command's budget.
 
     Returns
     -------
-    Timing
-
-    Raises
-    ------
-    BudgetSpentError
-        If the budget is spent before the first call.
-    Exception
-        Whatever ``run_once`` raises.
+    dict
+        Name to its :class:`Timing`, or to the exception that stopped it:
+        :class:`BudgetSpentError` for every variant when the budget was spent
+        before the first call.
     """
     if budget.spent():
-        raise BudgetSpentError("the command's time budget (--budget-s) was spent")
-    timing = Timing()
-    for _ in range(warmups):
+        spent = BudgetSpentError("the command's time budget (--budget-s) was spent")
+        return {name: spent for name in variants}
+    timings = {name: Timing() for name in variants}
+    failed: dict[str, BaseException] = {}
+
+    def call(name: str, timed_run: bool) -> None:
         gc.collect()
-        timing.warmup_s.append(run_once().seconds)
-        if budget.spent():
-            break
-    for _ in range(runs):
-        if timing.runs_s and budget.spent():
-            timing.cut_short = True
-            break
-        gc.collect()
-        outcome = run_once()
+        try:
+            outcome = variants[name]()
+        except Exception as exc:  # this variant stops; the others go on
+            failed[name] = exc
+            return
+        timing = timings[name]
+        if not timed_run:
+            timing.warmup_s.append(outcome.seconds)
+            return
         timing.runs_s.append(outcome.seconds)
         timing.result = outcome.result
-        for name, seconds in outcome.steps_s.items():
-            timing.steps_s.setdefault(name, []).append(seconds)
-    return timing
+        for step, seconds in outcome.steps_s.items():
+            timing.steps_s.setdefault(step, []).append(seconds)
+
+    def live() -> list[str]:
+        return [name for name in variants if name not in failed]
+
+    for _ in range(warmups):
+        for name in live():
+            call(name, timed_run=False)
+        if budget.spent():
+            break
+    for round_index in range(runs):
+        if round_index and budget.spent():
+            for name in live():
+                timings[name].cut_short = True
+            break
+        for name in live():
+            call(name, timed_run=True)
+    return {name: failed.get(name, timings[name]) for name in variants}
+
+
+def outcome_value(outcome: Outcome) -> Timing:
+    """The :class:`Timing` of an :func:`interleave` outcome; raises the error it holds instead."""
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
