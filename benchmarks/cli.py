@@ -4,14 +4,22 @@ The one command: generate TPC-H data, run the variants of every pipeline interle
 ::
 
     python -m benchmarks --scale-factors 1,10 --runs 10 --out DIR
+    python -m benchmarks --breakdown --scale-factors 10 --out DIR
+    python -m benchmarks --session-start --out DIR
     python -m benchmarks --report-only --out DIR
 
-For each scale factor: data (``tpchgen-cli`` parquet, reused when already
-generated); one flow run with one engine session in which each pipeline's
-variants run round-robin, then (f) (:mod:`benchmarks.prefect_flows`); every
-final result compared with polars on the CPU ((e), or the fused query
-collected on the CPU untimed when (e) is not asked for). ``--report-only``
-rewrites ``results.md`` and ``chart.png`` from ``results.json``.
+Modes:
+
+* variants (the default), for each scale factor: data (``tpchgen-cli``
+  parquet, reused when already generated); one flow run with one engine
+  session in which each pipeline's variants run round-robin, then (f)
+  (:mod:`benchmarks.prefect_flows`); every final result compared with polars
+  on the CPU ((e), or the fused query collected on the CPU untimed when (e)
+  is not asked for);
+* ``--breakdown``: where the per-step time goes (:mod:`benchmarks.breakdown`);
+* ``--session-start``: the engine session's start, split into its parts
+  (:mod:`benchmarks.session_start`);
+* ``--report-only``: rewrite ``results.md`` and ``chart.png`` from ``results.json``.
 
 Every measurement is guarded: a failure is recorded in ``results.json`` and the
 next one runs. ``results.json`` is rewritten after each measurement; goals,
@@ -32,7 +40,7 @@ from typing import Any
 import polars as pl
 from polars.testing import assert_frame_equal
 
-from benchmarks import goals, machine, report
+from benchmarks import breakdown, goals, machine, report, session_start
 from benchmarks.pipelines import PIPELINES, Pipeline
 from benchmarks.prefect_flows import OVERHEAD, round_keys, run_variants
 from benchmarks.results_file import ResultsFile, error_text
@@ -69,9 +77,21 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="TPC-H pipelines: our Prefect flow vs bare cudf-polars, plain Prefect "
-        "tasks, host round trips and the CPU.",
+        "tasks, host round trips and the CPU; where the per-step time goes; the session's start.",
     )
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time each step with and without each piece of ours, in one flow run and one "
+        "session per scale factor (instead of the variants)",
+    )
+    mode.add_argument(
+        "--session-start",
+        action="store_true",
+        help="time the engine session's start, split into ours and cudf-polars' (no data needed)",
+    )
+    mode.add_argument(
         "--report-only",
         action="store_true",
         help="only rewrite results.md and chart.png from OUT/results.json (e.g. after a timeout)",
@@ -81,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
         "--runs",
         type=int,
         default=10,
-        help="timed rounds (median per variant), default 10",
+        help="timed rounds (median per variant; session starts with --session-start), default 10",
     )
     p.add_argument("--warmups", type=int, default=1, help="untimed warm-up rounds, default 1")
     p.add_argument("--out", type=Path, required=True, help="folder for results.json/.md, chart.png")
@@ -222,6 +242,32 @@ def run_scale_factor(
     results.check_results(label, compare, references)
 
 
+def run_breakdown(
+    sf: float, *, args: argparse.Namespace, block: Any, results: ResultsFile, budget: Budget
+) -> None:
+    """The per-step breakdown at one scale factor."""
+    label = sf_label(sf)
+    paths = load_data(sf, args, results, [])
+    if paths is None:
+        return
+    print(f"== scale factor {label}: per-step breakdown", flush=True)
+    try:
+        value = breakdown.run_breakdown(
+            label=label,
+            block=block,
+            pipelines=[PIPELINES[n] for n in args.pipelines],
+            paths=paths,
+            runs=args.runs,
+            warmups=args.warmups,
+            budget=budget,
+        )
+    except Exception as exc:
+        traceback.print_exc()
+        results.error(f"breakdown sf{label}", exc)
+        value = {"status": "failed", "error": error_text(exc)}
+    results.set("breakdown", value, sf=label)
+
+
 def rewrite_reports(out: Path) -> int:
     """Rewrite ``results.md`` and ``chart.png`` from ``out/results.json``; 2 when it is missing."""
     source = Path(out) / "results.json"
@@ -237,10 +283,16 @@ def rewrite_reports(out: Path) -> int:
 
 
 def failed(doc: dict[str, Any]) -> bool:
-    """Whether a measurement failed, or an error was recorded."""
+    """Whether a measurement, a breakdown mode or the session-start mode failed, or an error was recorded."""
     if doc["errors"]:
         return True
-    return any(m["status"] == "failed" for m in doc["measurements"] + doc["task_overhead"])
+    if any(m["status"] == "failed" for m in doc["measurements"] + doc["task_overhead"]):
+        return True
+    for value in doc["breakdown"].values():
+        modes = value.get("modes", {}).values()
+        if value.get("status") == "failed" or any(m["status"] not in ("ok", "skipped") for m in modes):
+            return True
+    return doc["session_start"].get("status", "ok") == "failed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,14 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     from prefect_cudf_polars.blocks import CudfPolarsEngine
     from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 
+    mode = "breakdown" if args.breakdown else "session-start" if args.session_start else "variants"
     settings = {
-        "scale_factors": [sf_label(s) for s in args.scale_factors],
+        "mode": mode,
+        "scale_factors": [] if mode == "session-start" else [sf_label(s) for s in args.scale_factors],
         "runs": args.runs,
         "warmups": args.warmups,
         "backend": args.backend,
         "gpus": args.gpus,
         "pipelines": args.pipelines,
-        "variants": args.variants,
+        "variants": args.variants if mode == "variants" else [],
         "overhead_calls": args.overhead_calls,
         "budget_s": args.budget_s,
         "target_partition_size": args.target_partition_size,
@@ -268,31 +322,41 @@ def main(argv: list[str] | None = None) -> int:
     command = ["python", "-m", "benchmarks", *(argv if argv is not None else sys.argv[1:])]
     results = ResultsFile(args.out, command=command, settings=settings)
     budget = Budget(args.budget_s)
-    results.set("machine", machine.describe())
     block = CudfPolarsEngine(
         backend=args.backend, raise_on_fail=True, target_partition_size=args.target_partition_size
     )
-    backend: str | None
-    backend_error: Exception | None = None
-    try:
-        backend, _ = resolve_backend(block)
-    except Exception as exc:
-        backend = None
-        backend_error = exc
-        results.error("backend", exc)
-        print(f"GPU variants will be recorded as failed: {error_text(exc)}", flush=True)
-    for sf in args.scale_factors:
-        run_scale_factor(
-            sf,
-            args=args,
-            backend=backend,
-            backend_error=backend_error,
-            block=block,
-            results=results,
-            budget=budget,
-        )
-        results.set("goals", goals.goals(results.doc))
-        results.set("reports", report.write_reports(results.doc, args.out))
+    if mode == "session-start":
+        # First, so that the first start in this process is a cold one (the machine's
+        # description below loads the CUDA runtime).
+        print("== session start", flush=True)
+        results.set("session_start", session_start.measure(block, repeats=args.runs))
+        results.set("machine", machine.describe())
+    else:
+        results.set("machine", machine.describe())
+        backend: str | None
+        backend_error: Exception | None = None
+        try:
+            backend, _ = resolve_backend(block)
+        except Exception as exc:
+            backend = None
+            backend_error = exc
+            results.error("backend", exc)
+            print(f"GPU variants will be recorded as failed: {error_text(exc)}", flush=True)
+        for sf in args.scale_factors:
+            if mode == "breakdown":
+                run_breakdown(sf, args=args, block=block, results=results, budget=budget)
+            else:
+                run_scale_factor(
+                    sf,
+                    args=args,
+                    backend=backend,
+                    backend_error=backend_error,
+                    block=block,
+                    results=results,
+                    budget=budget,
+                )
+            results.set("goals", goals.goals(results.doc))
+            results.set("reports", report.write_reports(results.doc, args.out))
     results.finish()
     results.set("goals", goals.goals(results.doc))
     results.set("reports", report.write_reports(results.doc, args.out))

@@ -1,5 +1,5 @@
 """
-``results.md``: the results of ``results.json`` as markdown tables, and the summary printed last.
+``results.md`` and ``breakdown.md``: the results of ``results.json`` as markdown tables, and the summary printed last.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from benchmarks.breakdown import MODES, PIECES
 from benchmarks.chart import chart, has_variants
 from benchmarks.figures import (
     OVERHEAD_NAMES,
@@ -20,8 +21,9 @@ from benchmarks.figures import (
     prefect_overhead_ms,
     ratio,
     scale_factors,
+    steps,
 )
-from benchmarks.goals import goals_markdown
+from benchmarks.goals import GOAL_PIPELINES, goals_markdown
 from benchmarks.variant_names import SHORT, VARIANTS
 
 
@@ -128,6 +130,87 @@ def overhead_markdown(doc: dict[str, Any]) -> list[str]:
     return lines if rows else []
 
 
+def breakdown_markdown(value: dict[str, Any] | None) -> str:
+    """
+    The per-step breakdown of one scale factor as a markdown table.
+
+    Parameters
+    ----------
+    value
+        ``results.json["breakdown"][sf]`` (:func:`benchmarks.breakdown.run_breakdown`),
+        or ``None`` for the empty table (every figure a dash).
+
+    Returns
+    -------
+    str
+        The table (median ms per pipeline run, and per step in brackets; the
+        last column is ``gpu-tasks`` minus the row, per step, averaged over the
+        pipelines), then how each piece is switched off.
+    """
+    value = value or {}
+    pipes = value.get("pipelines") or list(GOAL_PIPELINES)
+    modes = value.get("modes", {})
+
+    def total(mode: str, p: str) -> float | None:
+        entry = modes.get(mode, {}).get("pipelines", {}).get(p, {})
+        return entry.get("median_s") if entry.get("status") == "ok" else None
+
+    def cell(mode: str, p: str) -> str:
+        entry = modes.get(mode, {})
+        run = entry.get("pipelines", {}).get(p, {})
+        if run and run.get("status") != "ok":
+            return run["status"]
+        if entry.get("status") not in (None, "ok"):
+            return f"**{entry['status']}**"
+        t = total(mode, p)
+        if t is None:
+            return "—"
+        per_step = " / ".join(f"{s * 1000:.1f}" for s in run.get("steps_median_s", {}).values())
+        return f"{t * 1000:.1f} ({per_step})"
+
+    def saved(mode: str) -> str:
+        diffs = []
+        for p in pipes:
+            base, this = total("gpu-tasks", p), total(mode, p)
+            if base is not None and this is not None:
+                diffs.append((base - this) / steps(p) * 1000)
+        return fmt(sum(diffs) / len(diffs), 2) if diffs else "—"
+
+    lines = [
+        "| what runs | "
+        + " | ".join(f"{p.split('-')[0]}: ms (per step)" for p in pipes)
+        + " | gpu-tasks minus this, ms per step |",
+        "|---|" + "---:|" * (len(pipes) + 1),
+    ]
+    for m in MODES:
+        lines.append(
+            f"| `{m.name}`: {m.label} | " + " | ".join(cell(m.name, p) for p in pipes) + f" | {saved(m.name)} |"
+        )
+    lines += ["", "How each piece is switched off:", ""]
+    lines += [f"* {p.label} (`-{p.name}`): {p.seam}" for p in PIECES]
+    return "\n".join(lines) + "\n"
+
+
+def session_start_markdown(value: dict[str, Any]) -> list[str]:
+    """The session's start, piece by piece (ms)."""
+    if value.get("status") != "ok":
+        return [f"Not measured: {value.get('error', 'no session-start run')}"]
+    lines = [
+        f"Backend `{value['backend']}`, {value['repeats']} start(s) in one process.",
+        "",
+        "| piece | whose | first start (ms) | later starts, median (ms) |",
+        "|---|---|---:|---:|",
+    ]
+    for name, piece in value["pieces"].items():
+        if piece["first_ms"] is None and piece["later_median_ms"] is None:
+            continue
+        lines.append(
+            f"| {piece['label']} (`{name}`) | {piece['whose']} | {fmt(piece['first_ms'], 1)} | "
+            f"{fmt(piece['later_median_ms'], 1)} |"
+        )
+    return lines
+
+
 def _runs_text(settings: dict[str, Any]) -> str:
     runs = settings.get("runs")
     return ", ".join(map(str, runs)) if isinstance(runs, list) else str(runs)
@@ -170,13 +253,21 @@ def _failures(doc: dict[str, Any]) -> list[str]:
         if m["status"] != "ok":
             what = f"{m.get('pipeline', 'task-overhead')} {m.get('variant', m.get('name'))}"
             lines.append(f"* SF {m['scale_factor']} {what}: {m['status']}: {m.get('error', '')[:300]}")
+    for sf, value in doc.get("breakdown", {}).items():
+        if value.get("status") == "failed":
+            lines.append(f"* SF {sf} breakdown: {value.get('error', '')[:300]}")
+        for name, mode in value.get("modes", {}).items():
+            if mode["status"] != "ok":
+                lines.append(f"* SF {sf} breakdown `{name}`: {mode['status']}: {mode.get('error', '')[:300]}")
+    if doc.get("session_start", {}).get("status") == "failed":
+        lines.append(f"* session start: {doc['session_start'].get('error', '')[:300]}")
     for e in doc.get("errors", []):
         lines.append(f"* {e['where']}: {e['error'][:300]}")
     return lines
 
 
 def summary(doc: dict[str, Any]) -> str:
-    """The tables to read first: goals, each scale factor side by side, per step, (g), (f)."""
+    """The tables to read first: goals, each scale factor side by side, per step, (g), (f), breakdown, session start."""
     lines = ["## Goals", "", *goals_markdown(doc)]
     for sf in scale_factors(doc):
         if has_variants(doc, sf):
@@ -187,6 +278,11 @@ def summary(doc: dict[str, Any]) -> str:
         lines += ["", "## The peer a user would pick instead: (g)", "", *peer]
     if overhead := overhead_markdown(doc):
         lines += ["", "## Per-task overhead on a tiny query (median ms per call)", "", *overhead]
+    for sf, value in doc.get("breakdown", {}).items():
+        if "modes" in value:
+            lines += ["", f"## Where the per-step time goes (SF {sf})", "", breakdown_markdown(value)]
+    if doc.get("session_start"):
+        lines += ["", "## The session's start", "", *session_start_markdown(doc["session_start"])]
     if failures := _failures(doc):
         lines += ["", "## Failures and skips", "", *failures]
     return "\n".join(lines) + "\n"
@@ -245,6 +341,19 @@ def markdown(doc: dict[str, Any]) -> str:
             continue
         lines += ["", f"Where one GPU task's time goes (SF {sf}, ms per call):", "", "| piece | ms |", "|---|---:|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in prof.items()]
+    for sf, value in doc.get("breakdown", {}).items():
+        if "modes" in value:
+            lines += [
+                "",
+                f"## Where the per-step time goes (SF {sf})",
+                "",
+                f"Median ms of {value['runs']} interleaved runs per pipeline, per step in brackets, "
+                "in one flow run and one engine session.",
+                "",
+                breakdown_markdown(value),
+            ]
+    if doc.get("session_start"):
+        lines += ["", "## The session's start", "", *session_start_markdown(doc["session_start"])]
     if doc.get("data"):
         lines += [
             "",
@@ -266,12 +375,21 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def write_reports(doc: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Write ``results.md`` and ``chart.png`` into ``out``; return what was written."""
+    """Write ``results.md``, ``chart.png`` and, with a breakdown, ``breakdown.md`` into ``out``."""
     out = Path(out)
     (out / "results.md").write_text(markdown(doc))
     problem = chart(doc, out / "chart.png")
-    return {
+    written = {
         "markdown": str(out / "results.md"),
         "chart": None if problem else str(out / "chart.png"),
         "chart_problem": problem,
     }
+    tables = [
+        f"### SF {sf}\n\n" + breakdown_markdown(value)
+        for sf, value in doc.get("breakdown", {}).items()
+        if "modes" in value
+    ]
+    if tables:
+        (out / "breakdown.md").write_text("\n".join(tables))
+        written["breakdown"] = str(out / "breakdown.md")
+    return written

@@ -14,6 +14,8 @@ Layout (``schema`` 2)::
         {"scale_factor", "name", "status", "error", "median_ms", "p10_ms", "p90_ms",
          "calls", "runs_ms"}],
      "task_path_profile": {"<sf>": {piece: ms per call}},
+     "breakdown": {"<sf>": {...}},                # benchmarks.breakdown.run_breakdown
+     "session_start": {...},                      # benchmarks.session_start.measure
      "goals": [...],                              # benchmarks.report.goals
      "errors": [...]}                             # failures outside a measurement
 """
@@ -59,6 +61,8 @@ def new_document(command: list[str], settings: dict[str, Any]) -> dict[str, Any]
         "measurements": [],
         "task_overhead": [],
         "task_path_profile": {},
+        "breakdown": {},
+        "session_start": {},
         "goals": [],
         "errors": [],
     }

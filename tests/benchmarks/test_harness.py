@@ -6,8 +6,9 @@ The real command, ``python -m benchmarks``, runs in a subprocess that talks to
 the test session's Prefect API, with data from the real ``tpchgen-cli``. No
 timing is asserted: only that every variant ran, round by round (the task runs
 read back from the API), on the thread it must run on, and matches polars on the
-CPU; that each goal follows from the measurements; that failures are recorded
-and every report was written.
+CPU; that each goal follows from the measurements; that the breakdown really
+replaced each piece it switched off; that the session's start is split into its
+pieces; that failures are recorded and every report was written.
 """
 
 from __future__ import annotations
@@ -383,3 +384,104 @@ def test_spmd_harness_small_run_matches_cpu(run_bench):
     assert (run.out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert doc["reports"]["chart_problem"] is None
 
+
+@pytest.fixture(scope="module")
+def breakdown_run(run_bench):
+    return run_bench("--breakdown", *one_round("cpu", "--pipelines", "q3-shipping-priority"))
+
+
+def test_breakdown_times_every_mode_with_each_piece_switched_off(breakdown_run):
+    from benchmarks.breakdown import MODES, PIECE_NAMES
+
+    assert breakdown_run.returncode == 0, breakdown_run.output[-4000:]
+    value = breakdown_run.results["breakdown"]["0.01"]
+    assert value["pipelines"] == ["q3-shipping-priority"]
+    assert set(value["modes"]) == {m.name for m in MODES}
+    for mode in MODES:
+        entry = value["modes"][mode.name]
+        assert entry["status"] == "ok", (mode.name, entry.get("error"))
+        run = entry["pipelines"]["q3-shipping-priority"]
+        assert run["status"] == "ok" and len(run["runs_s"]) == 1
+        assert list(run["steps_median_s"]) == ["segment-orders", "unshipped-revenue", "top-orders"]
+        # Each piece switched off was really replaced: its stand-in was called.
+        assert set(entry["switch_calls"]) == set(mode.off)
+        assert all(n > 0 for n in entry["switch_calls"].values()), entry["switch_calls"]
+    assert value["modes"]["gpu-tasks -all"]["off"] == list(PIECE_NAMES)
+    assert value["session"]["backend"] == "cpu"
+    table = (breakdown_run.out / "breakdown.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == [m.name for m in MODES]
+    assert all("—" not in r for r in rows)  # every figure measured
+    from benchmarks.report import breakdown_markdown
+
+    assert breakdown_markdown(value) in table
+    assert breakdown_markdown(value) in (breakdown_run.out / "results.md").read_text()
+
+
+def test_switched_off_piece_is_replaced_then_restored():
+    from benchmarks.breakdown import PIECES, CallCounter, switched_off
+    from prefect_cudf_polars.blocks.monitoring import events
+
+    original = events.emit
+    counter = CallCounter()
+    piece = next(p for p in PIECES if p.name == "events")
+    with switched_off((piece,), counter):
+        assert events.emit is not original
+        assert events.emit("x", {}, related=[], payload={}) is None
+    assert events.emit is original
+    assert counter.calls == {"events": 1}
+
+
+def test_switching_off_a_piece_the_product_no_longer_has_is_refused():
+    from benchmarks.breakdown import CallCounter, Piece, PieceUnavailableError, switched_off
+    from prefect_cudf_polars.blocks.monitoring import events
+
+    gone = Piece("gone", "gone", "test", (("prefect_cudf_polars.blocks.monitoring.events", "no_such_hook", print),))
+    with pytest.raises(PieceUnavailableError, match="has no no_such_hook: adapt benchmarks/breakdown.py"):
+        with switched_off((gone,), CallCounter()):
+            pass
+    missing = Piece("gone", "gone", "test", (("prefect_cudf_polars.no_such_module", "emit", print),))
+    with pytest.raises(PieceUnavailableError, match="no_such_module cannot be imported"):
+        with switched_off((missing,), CallCounter()):
+            pass
+    assert callable(events.emit)
+
+
+@pytest.fixture(scope="module")
+def session_start_run(run_bench):
+    return run_bench("--session-start", "--runs", "2", "--backend", "cpu")
+
+
+def test_session_start_is_split_into_its_pieces(session_start_run):
+    assert session_start_run.returncode == 0, session_start_run.output[-4000:]
+    value = session_start_run.results["session_start"]
+    assert value["status"] == "ok" and value["backend"] == "cpu" and value["repeats"] == 2
+    pieces = value["pieces"]
+    for name in ("probe", "engine", "describe", "memory", "owner-thread", "announce", "open", "shutdown"):
+        assert len(pieces[name]["runs_ms"]) == 2 and all(v >= 0 for v in pieces[name]["runs_ms"]), name
+        assert pieces[name]["later_median_ms"] == pieces[name]["runs_ms"][1]
+    # The cpu backend imports no cudf-polars engine and takes no engine options.
+    for name in ("import", "options", "versions"):
+        assert pieces[name]["runs_ms"] == [None, None]
+    assert pieces["engine"]["whose"] == "ours (cpu backend)"
+    md = (session_start_run.out / "results.md").read_text()
+    assert "## The session's start" in md and "| owner thread start (`owner-thread`) | ours |" in md
+
+
+@pytest.mark.gpu
+def test_spmd_breakdown_and_session_start(run_bench):
+    """On SPMDEngine: every breakdown mode (Prefect tasks on the owner thread included) and the session start."""
+    from benchmarks.breakdown import MODES
+
+    run = run_bench(
+        "--breakdown", *one_round("spmd", "--pipelines", "q1-pricing-summary"), timeout=420
+    )
+    assert run.returncode == 0, run.output[-6000:]
+    modes = run.results["breakdown"]["0.01"]["modes"]
+    assert {name: m["status"] for name, m in modes.items()} == {m.name: "ok" for m in MODES}
+    start = run_bench("--session-start", "--runs", "2", "--backend", "spmd", timeout=420)
+    assert start.returncode == 0, start.output[-6000:]
+    pieces = start.results["session_start"]["pieces"]
+    for name in ("probe", "import", "options", "engine", "describe", "versions", "memory", "announce", "open"):
+        assert all(v is not None and v >= 0 for v in pieces[name]["runs_ms"]), name
+    assert pieces["engine"]["whose"] == "cudf-polars"
