@@ -6,6 +6,7 @@ The one command: generate TPC-H data, run the variants of every pipeline interle
     python -m benchmarks --scale-factors 1,10 --runs 10 --out DIR
     python -m benchmarks --breakdown --scale-factors 10 --out DIR
     python -m benchmarks --session-start --out DIR
+    python -m benchmarks --merge DIR1 DIR2 ... --out DIR
     python -m benchmarks --report-only --out DIR
 
 Modes:
@@ -19,6 +20,8 @@ Modes:
 * ``--breakdown``: where the per-step time goes (:mod:`benchmarks.breakdown`);
 * ``--session-start``: the engine session's start, split into its parts
   (:mod:`benchmarks.session_start`);
+* ``--merge``: the ``results.json`` of several commands (a run split by
+  ``--variants`` and ``--pipelines``) as one, with its reports;
 * ``--report-only``: rewrite ``results.md`` and ``chart.png`` from ``results.json``.
 
 Every measurement is guarded: a failure is recorded in ``results.json`` and the
@@ -43,7 +46,7 @@ from polars.testing import assert_frame_equal
 from benchmarks import breakdown, goals, machine, report, session_start
 from benchmarks.pipelines import PIPELINES, Pipeline
 from benchmarks.prefect_flows import OVERHEAD, round_keys, run_variants
-from benchmarks.results_file import ResultsFile, error_text
+from benchmarks.results_file import ResultsFile, error_text, merge_documents
 from benchmarks.timing import Budget
 from benchmarks.tpch_data import default_data_dir, ensure_tpch, sf_label
 
@@ -90,6 +93,14 @@ def parser() -> argparse.ArgumentParser:
         "--session-start",
         action="store_true",
         help="time the engine session's start, split into ours and cudf-polars' (no data needed)",
+    )
+    mode.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="merge the results.json of these folders into OUT (a run split into several "
+        "commands); the first folder's entry wins where two hold the same measurement",
     )
     mode.add_argument(
         "--report-only",
@@ -282,6 +293,29 @@ def rewrite_reports(out: Path) -> int:
     return 0
 
 
+def merge_parts(out: Path, parts: list[Path]) -> int:
+    """Merge the parts' ``results.json`` into ``out``; 2 when one is missing or they do not fit."""
+    docs = []
+    for part in parts:
+        source = Path(part) / "results.json"
+        if not source.exists():
+            print(f"{source} does not exist: nothing merged.", file=sys.stderr)
+            return 2
+        docs.append(json.loads(source.read_text()))
+    try:
+        doc = merge_documents(docs, [str(p) for p in parts])
+    except ValueError as exc:
+        print(f"Not merged: {exc}", file=sys.stderr)
+        return 2
+    doc["goals"] = goals.goals(doc)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    doc["reports"] = report.write_reports(doc, out)
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+    print(report.summary(doc), flush=True)
+    return 0
+
+
 def failed(doc: dict[str, Any]) -> bool:
     """Whether a measurement, a breakdown mode or the session-start mode failed, or an error was recorded."""
     if doc["errors"]:
@@ -300,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.report_only:
         return rewrite_reports(args.out)
+    if args.merge:
+        return merge_parts(args.out, args.merge)
     if args.gpus is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(args.gpus))
     from prefect_cudf_polars.blocks import CudfPolarsEngine

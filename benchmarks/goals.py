@@ -12,7 +12,8 @@ The goals: each target the pipelines split into Prefect tasks are held to, with 
   variant ``a-deferred``, where it ran).
 
 A target is judged only where its scale factor ran; it asks for medians of at
-least 10 interleaved runs, and the note says when fewer were taken. On the ``cpu``
+least 10 interleaved runs, and the note says when fewer were taken or when the
+two medians come from different commands of a merged run. On the ``cpu``
 backend the table checks the harness, not the goals.
 """
 
@@ -41,6 +42,8 @@ def _evidence_note(doc: dict[str, Any], entries: list[dict[str, Any] | None]) ->
     few = sorted({len(m["runs_s"]) for m in present if len(m["runs_s"]) < MIN_RUNS})
     if few:
         notes.append(f"from {', '.join(map(str, few))} run(s), fewer than {MIN_RUNS}")
+    if len({m.get("part") for m in present}) > 1:
+        notes.append("medians from different commands of a merged run")
     return notes
 
 

@@ -17,7 +17,12 @@ Layout (``schema`` 2)::
      "breakdown": {"<sf>": {...}},                # benchmarks.breakdown.run_breakdown
      "session_start": {...},                      # benchmarks.session_start.measure
      "goals": [...],                              # benchmarks.report.goals
-     "errors": [...]}                             # failures outside a measurement
+     "errors": [...],                             # failures outside a measurement
+     "commands", "merged_from": [...]}            # only in a merged file: its parts
+
+A merged file (:func:`merge_documents`) holds the measurements of several
+commands: ``commands`` lists each one, ``command`` is the first, and each
+measurement names its ``part``.
 """
 
 from __future__ import annotations
@@ -230,3 +235,94 @@ class ResultsFile:
         self.doc["finished_at"] = _now()
         self.save()
 
+
+def merge_documents(docs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """
+    Several ``results.json`` documents of one machine and backend as one.
+
+    Measurements are keyed by (scale factor, pipeline, variant), task-overhead
+    entries by (scale factor, name), profiles and breakdowns by scale factor;
+    where two documents hold the same key, the first one's entry is kept and
+    the others are listed under ``merged_from[i]["dropped"]``.
+
+    Parameters
+    ----------
+    docs
+        The documents, in order of precedence.
+    names
+        Where each came from (shown in the merged file).
+
+    Returns
+    -------
+    dict
+        The merged document (goals and reports not yet computed).
+
+    Raises
+    ------
+    ValueError
+        When no document is given, or their backends differ.
+    """
+    if not docs:
+        raise ValueError("give at least one results folder")
+    backends = {d["settings"].get("backend") for d in docs}
+    if len(backends) > 1:
+        raise ValueError(f"the parts ran on different backends ({sorted(map(str, backends))})")
+    first = docs[0]
+    merged = new_document(first["command"], _merged_settings([d["settings"] for d in docs]))
+    merged |= {
+        "started_at": min(d["started_at"] for d in docs),
+        "finished_at": max((d.get("finished_at") or "") for d in docs) or None,
+        "commands": [" ".join(d["command"]) for d in docs],
+        "machine": first.get("machine", {}),
+        "merged_from": [],
+    }
+    seen: set[tuple[str, ...]] = set()
+    for doc, name in zip(docs, names, strict=True):
+        dropped: list[str] = []
+
+        def keep(key: tuple[str, ...]) -> bool:
+            if key in seen:
+                dropped.append("/".join(key))
+                return False
+            seen.add(key)
+            return True
+
+        for m in doc.get("measurements", []):
+            if keep(("m", m["scale_factor"], m["pipeline"], m["variant"])):
+                merged["measurements"].append({**m, "part": name})
+        for m in doc.get("task_overhead", []):
+            if keep(("f", m["scale_factor"], m["name"])):
+                merged["task_overhead"].append(m)
+        for field in ("task_path_profile", "breakdown"):
+            for sf, value in doc.get(field, {}).items():
+                if keep((field, sf)):
+                    merged[field][sf] = value
+        for sf, value in doc.get("data", {}).items():
+            merged["data"].setdefault(sf, value)  # the same tables, generated or reused
+        for sf, value in doc.get("engines", {}).items():
+            merged["engines"].setdefault(sf, {})
+            for k, v in value.items():
+                merged["engines"][sf].setdefault(k, v)
+        if doc.get("session_start") and keep(("session_start",)):
+            merged["session_start"] = doc["session_start"]
+        merged["errors"] += [{**e, "where": f"{name}: {e['where']}"} for e in doc.get("errors", [])]
+        merged["merged_from"].append(
+            {"part": name, "command": " ".join(doc["command"]), "dropped": dropped}
+        )
+    return merged
+
+
+def _merged_settings(all_settings: list[dict[str, Any]]) -> dict[str, Any]:
+    """Settings of merged parts: lists united in first-seen order; other values as one or a list."""
+    merged: dict[str, Any] = {}
+    for settings in all_settings:
+        for key, value in settings.items():
+            if isinstance(value, list):
+                known = merged.setdefault(key, [])
+                known += [v for v in value if v not in known]
+            elif key not in merged:
+                merged[key] = value
+            elif merged[key] != value:
+                known = merged[key] if isinstance(merged[key], set) else {merged[key]}
+                merged[key] = known | {value}
+    return {k: sorted(v, key=str) if isinstance(v, set) else v for k, v in merged.items()}

@@ -8,7 +8,7 @@ timing is asserted: only that every variant ran, round by round (the task runs
 read back from the API), on the thread it must run on, and matches polars on the
 CPU; that each goal follows from the measurements; that the breakdown really
 replaced each piece it switched off; that the session's start is split into its
-pieces; that failures are recorded and every report was written.
+pieces; that failures are recorded and parts merge into one report.
 """
 
 from __future__ import annotations
@@ -466,6 +466,40 @@ def test_session_start_is_split_into_its_pieces(session_start_run):
     assert pieces["engine"]["whose"] == "ours (cpu backend)"
     md = (session_start_run.out / "results.md").read_text()
     assert "## The session's start" in md and "| owner thread start (`owner-thread`) | ours |" in md
+
+
+def test_merge_makes_one_report_of_the_parts(cpu_run, breakdown_run, session_start_run, tmp_path):
+    from benchmarks.cli import main
+
+    parts = [cpu_run.out, breakdown_run.out, session_start_run.out]
+    assert main(["--merge", *map(str, parts), "--out", str(tmp_path / "all")]) == 0
+    doc = json.loads((tmp_path / "all" / "results.json").read_text())
+    assert len(doc["measurements"]) == len(cpu_run.results["measurements"])
+    assert {m["part"] for m in doc["measurements"]} == {str(cpu_run.out)}
+    assert doc["breakdown"] == breakdown_run.results["breakdown"]
+    assert doc["session_start"] == session_start_run.results["session_start"]
+    assert doc["commands"] == [" ".join(json.loads((p / "results.json").read_text())["command"]) for p in parts]
+    assert [p["dropped"] for p in doc["merged_from"]] == [[], [], []]
+    md = (tmp_path / "all" / "results.md").read_text()
+    for section in ("## Goals", "## Scale factor 0.01", "## Where the per-step time goes", "## The session's start"):
+        assert section in md
+    # The same part twice: the second one's measurements are dropped, and listed.
+    assert main(["--merge", str(cpu_run.out), str(cpu_run.out), "--out", str(tmp_path / "twice")]) == 0
+    twice = json.loads((tmp_path / "twice" / "results.json").read_text())
+    assert len(twice["measurements"]) == len(cpu_run.results["measurements"])
+    assert len(twice["merged_from"][1]["dropped"]) == len(cpu_run.results["measurements"]) + 5
+
+
+def test_merge_refuses_parts_of_different_backends(cpu_run, tmp_path, capsys):
+    from benchmarks.cli import main
+
+    other = json.loads((cpu_run.out / "results.json").read_text())
+    other["settings"]["backend"] = "spmd"
+    (tmp_path / "spmd").mkdir()
+    (tmp_path / "spmd" / "results.json").write_text(json.dumps(other))
+    assert main(["--merge", str(cpu_run.out), str(tmp_path / "spmd"), "--out", str(tmp_path / "m")]) == 2
+    assert "different backends" in capsys.readouterr().err
+    assert main(["--merge", str(tmp_path / "nothing"), "--out", str(tmp_path / "m")]) == 2
 
 
 @pytest.mark.gpu
