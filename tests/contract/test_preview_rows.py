@@ -12,6 +12,8 @@ across ranks is not defined.
 
 from __future__ import annotations
 
+import gc
+
 import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
@@ -52,7 +54,8 @@ def collect_preview(engine: CudfPolarsEngine, orders, form: str) -> tuple[pl.Dat
 
     @flow(task_runner=CudfPolarsTaskRunner(engine))
     def pipeline():
-        collected = collect(FORMS[form](execute(pl.scan_parquet(orders), name="orders").lazy()))
+        r = execute(pl.scan_parquet(orders), name="orders")
+        collected = collect(FORMS[form](r.lazy()))
         chained = collect(preview(execute(pl.scan_parquet(orders), name="orders"), form))
         return collected, chained, get_engine_session().live_results
 
@@ -85,6 +88,19 @@ def test_the_plan_the_engine_runs_keeps_the_row_limit_out_of_the_results_scan(cp
     assert "SLICE: Positive" not in plan, plan
 
 
+def head_of_a_dropped_result(engine: CudfPolarsEngine, orders) -> pl.DataFrame:
+    """``head`` of a result whose handle nobody holds any more: only its frame does."""
+    with engine.session() as session:
+        lf = FORMS["head"](session.execute(pl.scan_parquet(orders), name="orders").lazy())
+        gc.collect()
+        return session.collect(lf)
+
+
+def test_a_results_frame_keeps_the_result_alive_until_it_is_read(cpu_block, orders):
+    """A frame from ``.lazy()`` holds its result until it is read, as cudf-polars 26.10's frames do."""
+    assert_frame_equal(head_of_a_dropped_result(cpu_block, orders).sort("id"), expected_rows(orders, "head"))
+
+
 def test_preview_forms_pass_the_gpu_support_check_on_the_cpu_backend(orders):
     """Where cudf-polars can check plans here, the cpu backend checks previews and still runs them."""
     cudf_polars_or_skip()
@@ -103,3 +119,10 @@ def test_preview_forms_on_the_gpu_equal_polars_on_the_cpu(orders, form):
     assert_frame_equal(collected.sort("id"), expected_rows(orders, form), check_dtypes=False)
     assert_frame_equal(chained.sort("id"), expected_rows(orders, form), check_dtypes=False)
     assert live == ()
+
+
+@pytest.mark.gpu
+def test_a_results_frame_keeps_the_result_alive_on_the_gpu(orders):
+    spmd = CudfPolarsEngine(backend="spmd", raise_on_fail=True)
+    got = head_of_a_dropped_result(spmd, orders)
+    assert_frame_equal(got.sort("id"), expected_rows(orders, "head"), check_dtypes=False)
