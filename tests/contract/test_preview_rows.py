@@ -126,3 +126,70 @@ def test_a_results_frame_keeps_the_result_alive_on_the_gpu(orders):
     spmd = CudfPolarsEngine(backend="spmd", raise_on_fail=True)
     got = head_of_a_dropped_result(spmd, orders)
     assert_frame_equal(got.sort("id"), expected_rows(orders, "head"), check_dtypes=False)
+
+
+#: Reads of a result that need none of its columns (a zero-column projection of its scan).
+ZERO_COLUMN_READS = {
+    "row index only": lambda lf: lf.with_row_index().select("index"),
+    "a literal": lambda lf: lf.select(pl.lit(1)),
+    "SQL count(*)": lambda lf: pl.SQLContext(t=lf).execute("select count(*) from t"),
+}
+
+
+@gpu_task(name="zero-column-read", collect=True)
+def zero_column_read(r: GPUResult, form: str) -> pl.LazyFrame:
+    return ZERO_COLUMN_READS[form](r.lazy())
+
+
+def collect_zero_column_read(engine: CudfPolarsEngine, orders, form: str):
+    """A flow run whose GPU task collects a zero-column read of a result; its state and session."""
+    seen = {}
+
+    @flow(task_runner=CudfPolarsTaskRunner(engine))
+    def pipeline():
+        seen["session"] = get_engine_session()
+        return zero_column_read(execute(pl.scan_parquet(orders), name="orders"), form)
+
+    return pipeline(return_state=True), seen["session"]
+
+
+def count_rows(engine: CudfPolarsEngine, orders) -> int:
+    @flow(task_runner=CudfPolarsTaskRunner(engine))
+    def pipeline():
+        return collect(execute(pl.scan_parquet(orders), name="orders").lazy().select(pl.len())).item()
+
+    return pipeline()
+
+
+def assert_refused_before_the_engine_ran(state, session) -> None:
+    """The read failed with the zero-column error (not an engine's error) and left nothing behind."""
+    assert state.is_failed(), state
+    # polars' engine would have wrapped an error of the scan in a ComputeError.
+    with pytest.raises(NotImplementedError, match=r"(?s)zero-column.*select\(pl\.len\(\)\)"):
+        state.result()
+    assert session.live_results == ()
+    assert session.summary()["counts"] == {"produced": 1, "consumed": 1, "released_unconsumed": 0}
+
+
+@pytest.mark.parametrize("form", list(ZERO_COLUMN_READS))
+def test_a_zero_column_read_of_a_result_is_refused_before_the_engine_runs(cpu_block, orders, form):
+    """As cudf-polars 26.10 refuses a zero-column projection of a persisted result; the message names what works."""
+    state, session = collect_zero_column_read(cpu_block, orders, form)
+    assert_refused_before_the_engine_ran(state, session)
+    assert session.summary()["memory"]["before_shutdown"] == 0  # the claimed result was freed
+
+
+def test_counting_a_results_rows_reads_one_column_and_runs(cpu_block, orders):
+    assert count_rows(cpu_block, orders) == 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", list(ZERO_COLUMN_READS))
+def test_a_zero_column_read_of_a_result_is_refused_on_the_gpu_too(orders, form):
+    state, session = collect_zero_column_read(CudfPolarsEngine(backend="spmd", raise_on_fail=True), orders, form)
+    assert_refused_before_the_engine_ran(state, session)
+
+
+@pytest.mark.gpu
+def test_counting_a_results_rows_runs_on_the_gpu(orders):
+    assert count_rows(CudfPolarsEngine(backend="spmd", raise_on_fail=True), orders) == 1000
