@@ -12,8 +12,10 @@ GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noh
 
 comma := ,
 # `make run` (and the worker) install the package with the GPU extra only;
-# `make test` and `make bench` add the test extra.
+# `make test` and `make bench` add the test extra, and without a GPU the check
+# extra (cudf-polars, so the cpu backend checks plans as the GPU would).
 RUN_EXTRAS := $(if $(GPU_EXTRA),[$(subst $(comma),,$(GPU_EXTRA))])
+TEST_EXTRAS := test$(if $(GPU_EXTRA),$(GPU_EXTRA),$(comma)check)
 RUN_STAMP := $(VENV)/.installed-run$(GPU_EXTRA)
 TEST_STAMP := $(VENV)/.installed-test$(GPU_EXTRA)
 
@@ -29,7 +31,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 
 # The test install holds everything the run install does, so it stamps both.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[test$(GPU_EXTRA)]"
+	$(BIN)/python -m pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $@ $(RUN_STAMP)
 
 install: $(RUN_STAMP)

@@ -9,7 +9,9 @@ cudf-polars' persisted results: ``execute`` returns a one-shot result whose
 ``release()`` (or engine shutdown) drops it. A result's frame keeps the result
 alive until the frame is dropped, as cudf-polars' frames do. Each plan is
 prepared as the GPU engines prepare theirs
-(:mod:`~prefect_cudf_polars.blocks.backends.result_scans`). Nothing here touches
+(:mod:`~prefect_cudf_polars.blocks.backends.result_scans`), and with cudf-polars
+installed it is also checked the way cudf-polars would check it
+(:mod:`~prefect_cudf_polars.blocks.backends.gpu_support`). Nothing here touches
 a GPU.
 """
 
@@ -25,6 +27,7 @@ from polars.io.plugins import register_io_source
 
 from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.blocks.backends.base import RunningEngine
+from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
 from prefect_cudf_polars.blocks.backends.result_scans import ZERO_COLUMN_MESSAGE, prepare
 
 if TYPE_CHECKING:
@@ -131,18 +134,36 @@ class CpuEngine:
 
 
 class CpuRunningEngine(RunningEngine):
-    """A running ``cpu`` backend."""
+    """
+    A running ``cpu`` backend.
+
+    Parameters
+    ----------
+    engine : CpuEngine
+    gpu_support : GPUSupportCheck
+        Checks each plan the way cudf-polars would (where it can run here).
+    raise_on_fail : bool
+        The block's ``raise_on_fail``: as on the GPU, ``execute`` refuses what
+        cudf-polars cannot run whatever it is, ``collect`` only when it is True.
+    """
 
     backend = "cpu"
 
-    def __init__(self, engine: CpuEngine) -> None:
+    def __init__(self, engine: CpuEngine, gpu_support: GPUSupportCheck, raise_on_fail: bool) -> None:
         self.engine = engine
+        self.gpu_support = gpu_support
+        self.raise_on_fail = raise_on_fail
 
     def execute(self, lf: pl.LazyFrame) -> Any:
-        return self.engine.execute(lf, prepare(lf))
+        flags = prepare(lf)
+        self.gpu_support.check(lf, flags)
+        return self.engine.execute(lf, flags)
 
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
-        return self.engine.collect(lf, prepare(lf))
+        flags = prepare(lf)
+        if self.raise_on_fail:
+            self.gpu_support.check(lf, flags)
+        return self.engine.collect(lf, flags)
 
     def memory_in_use(self) -> int | None:
         try:
@@ -158,7 +179,7 @@ class CpuRunningEngine(RunningEngine):
             "versions": {"polars": pl.__version__},
             "note": (
                 "polars CPU engine, host memory only: for developing and testing "
-                "flows on machines without a GPU"
+                f"flows on machines without a GPU; {self.gpu_support.status}"
             ),
         }
 
@@ -167,5 +188,5 @@ class CpuRunningEngine(RunningEngine):
 
 
 def start(block: CudfPolarsEngine) -> CpuRunningEngine:
-    """Start the ``cpu`` backend (no GPU needed)."""
-    return CpuRunningEngine(CpuEngine())
+    """Start the ``cpu`` backend (no GPU needed), with the GPU-support check where it can run."""
+    return CpuRunningEngine(CpuEngine(), GPUSupportCheck.open(block), block.raise_on_fail)

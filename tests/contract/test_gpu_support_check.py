@@ -115,3 +115,23 @@ def test_the_gpu_and_the_checked_cpu_backend_refuse_with_the_same_reason(orders)
         assert session.live_results == ()
     assert "anonymousfunction" in refusals["spmd"], refusals
     assert "anonymousfunction" in refusals["cpu"], refusals
+
+
+def test_with_cudf_polars_but_no_gpu_auto_falls_back_to_the_checked_cpu_backend(orders):
+    """Importable RAPIDS packages without a GPU still mean "no GPU": auto with cpu_fallback runs on cpu, checked."""
+    cudf_polars_or_skip()
+    from prefect_cudf_polars.blocks.backends import probe
+
+    found = probe.probe()
+    if found.gpus:
+        pytest.skip("a GPU is visible here")
+    assert found.rapids and found.problem is not None, found
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="auto", cpu_fallback=True)))
+    def pipeline():
+        return get_engine_session().backend, collect(execute(pl.scan_parquet(orders))).height
+
+    state = pipeline(return_state=True)
+    assert state.result() == ("cpu", 1000)
+    line = start_line(state)
+    assert "GPU support checked" in line, line
