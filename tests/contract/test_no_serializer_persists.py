@@ -151,3 +151,18 @@ def test_a_cached_task_taking_results_gets_a_fresh_key_per_result_and_persists_i
     assert (first, other) == (1, 1)
     assert again == "Cached" and len(calls) == 2  # same result: same key; a new one: a new key
     assert len(stored_files(tmp_path / "store")) == 2  # the host values, one record per key
+
+
+def test_prefects_hash_functions_hash_results_in_containers_by_id_and_json_refuses_them(cpu_block, orders):
+    """Prefect 3.9's ``hash_objects`` (under every cache policy) hashes by id; JSON anywhere else refuses."""
+    from prefect.utilities.hashing import hash_objects
+
+    with cpu_block.session() as session:
+        a = session.execute(pl.scan_parquet(orders), name="a")
+        b = session.execute(pl.scan_parquet(orders), name="b")
+        for wrap in (lambda r: [r], lambda r: {"left": r}, lambda r: ({"runs": [r]}, 3)):
+            assert hash_objects(wrap(a), raise_on_failure=True) == hash_objects(wrap(a), raise_on_failure=True)
+            assert hash_objects(wrap(a), raise_on_failure=True) != hash_objects(wrap(b), raise_on_failure=True)
+        with pytest.raises(ValueError, match="HostPersistenceError: GPUResult 'a'.*cannot be pickled or persisted"):
+            JSONSerializer().dumps({"result": a})
+        assert a.state == "live" and b.state == "live"
