@@ -55,3 +55,31 @@ def test_a_saved_block_still_loads_with_the_checks_in_place():
     loaded = CudfPolarsEngine.load("contract-validation-roundtrip")
     assert loaded.spill_device_limit == "75%"
     assert loaded.executor_options == {"fallback_mode": "warn"}
+
+
+def test_the_fixed_executor_option_names_are_cudf_polars_own():
+    """Without cudf-polars the block checks keys against a list: the same names cudf-polars 26.10 has."""
+    import dataclasses
+
+    from cudf_polars_import import cudf_polars_or_skip
+    from prefect_cudf_polars.blocks.backends.executor_options import STREAMING_EXECUTOR_FIELDS
+
+    cudf_polars_or_skip()
+    from cudf_polars.utils.config import StreamingExecutor
+
+    assert STREAMING_EXECUTOR_FIELDS == {f.name for f in dataclasses.fields(StreamingExecutor) if f.init}
+
+
+def test_without_cudf_polars_executor_options_are_checked_against_the_26_10_names(monkeypatch):
+    import sys
+
+    from prefect_cudf_polars.blocks.backends import executor_options
+
+    monkeypatch.setitem(sys.modules, "cudf_polars", None)  # import cudf_polars raises ImportError
+    executor_options.streaming_executor_fields.cache_clear()
+    try:
+        with pytest.raises(ValidationError, match=r"'broadcst_limit' is not a cudf-polars 26.10 streaming executor option \(did you mean 'broadcast_limit'\?\)"):
+            CudfPolarsEngine(executor_options={"broadcst_limit": 1})
+        assert CudfPolarsEngine(executor_options={"broadcast_limit": 1}).executor_options == {"broadcast_limit": 1}
+    finally:
+        executor_options.streaming_executor_fields.cache_clear()
