@@ -10,6 +10,7 @@ opens for one flow run.
 from __future__ import annotations
 
 import difflib
+import inspect
 import re
 from typing import Any, ClassVar, Literal
 
@@ -17,6 +18,7 @@ from prefect.blocks.core import Block
 from pydantic import Field, field_validator, model_validator
 
 from prefect_cudf_polars.blocks.backends.executor_options import RESERVED_EXECUTOR_KEYS, streaming_executor_fields
+from prefect_cudf_polars.blocks.errors import BlockNotFoundError
 from prefect_cudf_polars.blocks.session import EngineSession
 
 Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
@@ -121,6 +123,8 @@ class CudfPolarsEngine(Block):
         is not a streaming executor option (or one a named field or cudf-polars
         owns), or a field the block does not have (``target_partiton_size=5``,
         with the field it resembles).
+    BlockNotFoundError
+        From :meth:`load` and :meth:`aload`, for a name that was never saved.
     """
 
     _block_type_name: ClassVar[str] = "cudf-polars Engine"
@@ -268,6 +272,50 @@ class CudfPolarsEngine(Block):
             options["initial_pool_size"] = size
         return {"qualname": MEMORY_RESOURCES[kind], "options": options}
 
+    @classmethod
+    async def aload(cls, name: str, validate: bool = True, client: Any = None) -> CudfPolarsEngine:
+        """The async form of :meth:`load` (Prefect's ``Block.aload``): the same parameters, result and errors."""
+        try:
+            return await super().aload(name, validate=validate, client=client)
+        except ValueError as exc:
+            raise _not_found(name, exc) from None
+
+    @classmethod
+    def load(cls, name: str, validate: bool = True, client: Any = None) -> Any:
+        """
+        Load a saved block by its document name (Prefect's ``Block.load``).
+
+        As with any Prefect block, in async code this returns a coroutine (of
+        :meth:`aload`) to await.
+
+        Parameters
+        ----------
+        name : str
+            The block document's name (``prefect-cudf-polars save-engine NAME``
+            or ``CudfPolarsEngine(...).save(NAME)`` saved it).
+        validate, client
+            As for Prefect's ``Block.load``.
+
+        Returns
+        -------
+        CudfPolarsEngine
+
+        Raises
+        ------
+        BlockNotFoundError
+            When the Prefect API has no ``cudf-polars-engine`` block of that
+            name (a ``LookupError`` and a ``ValueError``); the message says how
+            to save one and how to list those saved.
+        """
+        try:
+            loaded = super().load(name, validate=validate, client=client)
+        except ValueError as exc:
+            raise _not_found(name, exc) from None
+        if inspect.iscoroutine(loaded):  # Prefect 3.9 in async code: Block.aload's coroutine
+            loaded.close()
+            return cls.aload(name, validate=validate, client=client)
+        return loaded
+
     def session(self) -> EngineSession:
         """
         Open an engine session for this flow run (use it as a context manager).
@@ -290,15 +338,29 @@ class CudfPolarsEngine(Block):
         return EngineSession(self)
 
 
+def _not_found(name: str, exc: ValueError) -> ValueError:
+    """Prefect's "Unable to find block document" as a :class:`BlockNotFoundError`; other errors as they are."""
+    if "Unable to find block document" not in str(exc):
+        return exc
+    return BlockNotFoundError(
+        f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save "
+        f"one with `prefect-cudf-polars save-engine {name} --backend auto` (or "
+        f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with "
+        "`prefect block ls`."
+    )
+
+
 def load_engine_block(name: str) -> CudfPolarsEngine:
     """
-    Load a saved :class:`CudfPolarsEngine` block by its document name.
+    Load a saved :class:`CudfPolarsEngine` block by name, from sync or async code alike.
+
+    For code that must have the block itself, such as a task runner entered by
+    an async flow run (where :meth:`CudfPolarsEngine.load` returns a coroutine).
 
     Parameters
     ----------
     name : str
-        The block document's name (``prefect-cudf-polars save-engine NAME`` or
-        ``CudfPolarsEngine(...).save(NAME)`` saved it).
+        The block document's name.
 
     Returns
     -------
@@ -306,18 +368,9 @@ def load_engine_block(name: str) -> CudfPolarsEngine:
 
     Raises
     ------
-    LookupError
-        When the Prefect API has no ``cudf-polars-engine`` block of that name;
-        the message says how to save one and how to list those saved.
+    BlockNotFoundError
+        As for :meth:`CudfPolarsEngine.load`.
     """
-    try:
-        return CudfPolarsEngine.load(name)
-    except ValueError as exc:
-        if "Unable to find block document" not in str(exc):
-            raise
-        raise LookupError(
-            f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save "
-            f"one with `prefect-cudf-polars save-engine {name} --backend auto` (or "
-            f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with "
-            "`prefect block ls`."
-        ) from None
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    return run_coro_as_sync(CudfPolarsEngine.aload(name))

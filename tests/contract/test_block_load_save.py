@@ -52,3 +52,38 @@ def test_loading_an_unknown_name_from_async_code_says_the_same():
 
     with pytest.raises(ValueError, match=r"(?s)'no-such-block'.*prefect block ls"):
         asyncio.run(load())
+
+
+def test_an_unknown_name_is_a_lookup_error_and_prefects_value_error():
+    from prefect_cudf_polars.blocks import BlockNotFoundError
+
+    with pytest.raises(BlockNotFoundError) as info:
+        CudfPolarsEngine.load("no-such-block")
+    assert isinstance(info.value, LookupError) and isinstance(info.value, ValueError)
+
+
+def test_load_in_async_code_is_awaited_as_prefect_blocks_are():
+    CudfPolarsEngine(backend="cpu").save("contract-async-load", overwrite=True)
+
+    async def load(name):
+        return await CudfPolarsEngine.load(name)
+
+    assert asyncio.run(load("contract-async-load")).backend == "cpu"
+    with pytest.raises(ValueError, match=r"(?s)'no-such-block'.*prefect block ls"):
+        asyncio.run(load("no-such-block"))
+
+
+def test_an_async_flow_runs_on_a_task_runner_given_a_saved_blocks_name(orders):
+    import polars as pl
+    from prefect import flow
+
+    from prefect_cudf_polars.blocks import CudfPolarsTaskRunner
+    from prefect_cudf_polars.tasks import collect, execute
+
+    CudfPolarsEngine(backend="cpu").save("contract-async-runner", overwrite=True)
+
+    @flow(task_runner=CudfPolarsTaskRunner(engine="contract-async-runner"))
+    async def pipeline():
+        return collect(execute(pl.scan_parquet(orders))).height
+
+    assert asyncio.run(pipeline()) == 1000
