@@ -13,6 +13,7 @@ import threading
 import time
 
 import polars as pl
+import pytest
 from polars.testing import assert_frame_equal
 from prefect import flow
 
@@ -115,3 +116,27 @@ def test_awaiting_the_engine_call_does_not_block_the_event_loop(orders):
     assert finished >= busy_until - 0.05  # the engine call waited for the engine
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert max(gaps) < 0.5, f"the event loop stalled {max(gaps):.2f} s while the engine call waited"
+
+
+@gpu_task(name="async-eager")
+async def eager(r: GPUResult) -> pl.DataFrame:
+    return r.lazy().collect()  # a mistake: the task must return the query, not run it
+
+
+def test_an_async_gpu_task_returning_no_lazyframe_fails_and_frees_its_input(orders):
+    seen = {}
+
+    @flow(task_runner=runner())
+    async def pipeline():
+        seen["session"] = session = get_engine_session()
+        r = execute(pl.scan_parquet(orders), name="orders")
+        await eager(r)
+        return session
+
+    state = asyncio.run(pipeline(return_state=True))
+    assert state.is_failed(), state
+    with pytest.raises(TypeError, match="must return a polars LazyFrame"):
+        state.result()
+    session = seen["session"]
+    assert session.live_results == ()
+    assert session.summary()["memory"]["before_shutdown"] == 0  # the claimed input was freed
