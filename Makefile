@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # The first start of Prefect's local API migrates its SQLite database; on a small
 # machine that can take ~40 s, longer than Prefect's default start-up timeout.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+# Prefect's telemetry service writes to that database while it migrates ("database
+# is locked") and needs the internet; the local API runs without it.
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 # On a GPU machine, install the RAPIDS extra matching the driver: CUDA 13 wheels
 # need driver >= 580, CUDA 12 wheels run on older ones.
 GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 | cut -d. -f1); \

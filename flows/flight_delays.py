@@ -18,6 +18,7 @@ Run it with ``make run`` or ``python -m prefect_cudf_polars.flows.flight_delays`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -208,6 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args(argv)
+    # Prefect's telemetry service on a just-created local API database logs "database is
+    # locked" (and, offline, "Failed to send telemetry") as ERRORs; the local API the
+    # first call starts reads this from the environment.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         flight_delay_report(
             engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir

@@ -16,6 +16,9 @@ import pytest
 
 from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 
+# The test API needs no telemetry service (it logs ERRORs on a just-created database and offline).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     found = gpu_probe.probe()
