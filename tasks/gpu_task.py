@@ -20,7 +20,7 @@ import polars as pl
 from prefect import Task, task
 
 from prefect_cudf_polars.blocks import get_engine_session
-from prefect_cudf_polars.blocks.monitoring.run_names import fixed_run_name
+from prefect_cudf_polars.blocks.monitoring.run_names import gpu_task_run_name
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 from prefect_cudf_polars.tasks.inputs import drop_claimed
@@ -149,7 +149,8 @@ def gpu_task(
     Returns
     -------
     prefect.Task
-        Calling it in a flow runs it; ``.submit()`` and ``.map()`` work as usual.
+        Calling it in a flow runs it; ``.submit()`` and ``.map()`` work as usual
+        (mapped runs are named apart: the name, then ``-1``, ``-2``, ...).
 
     Raises
     ------
@@ -208,7 +209,7 @@ def gpu_task(
         options = {
             **gpu_task_defaults(returns_gpu_result=not collect),
             # Task runs are named after the query (the task's name) unless overridden.
-            "task_run_name": fixed_run_name(name),
+            "task_run_name": gpu_task_run_name(name),
             **task_options,
         }
         options["retry_condition_fn"] = combined_retry_condition(
