@@ -122,7 +122,9 @@ class StreamingRunningEngine(RunningEngine):
 
     def execute(self, lf: pl.LazyFrame) -> StreamingPersistedResult:
         flags = prepare(lf)
-        return StreamingPersistedResult(self.engine.execute(with_optimizations(lf, flags)))
+        if not flags.slice_pushdown:  # a plan that reads a result's frame: carry the flags in
+            lf = with_optimizations(lf, flags)
+        return StreamingPersistedResult(self.engine.execute(lf))
 
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
         return lf.collect(engine=self.engine, optimizations=prepare(lf))
