@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # The first start of Prefect's local API migrates its SQLite database; on a small
 # machine that can take ~40 s, longer than Prefect's default start-up timeout.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+# Prefect's telemetry service writes to that database while it migrates ("database
+# is locked") and needs the internet; the local API runs without it.
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 # On a GPU machine, install the RAPIDS extra matching the driver: CUDA 13 wheels
 # need driver >= 580, CUDA 12 wheels run on older ones.
 GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 | cut -d. -f1); \
@@ -12,8 +15,10 @@ GPU_EXTRA := $(shell d=$$(nvidia-smi --query-gpu=driver_version --format=csv,noh
 
 comma := ,
 # `make run` (and the worker) install the package with the GPU extra only;
-# `make test` and `make bench` add the test extra.
+# `make test` and `make bench` add the test extra, and without a GPU the check
+# extra (cudf-polars, so the cpu backend checks plans as the GPU would).
 RUN_EXTRAS := $(if $(GPU_EXTRA),[$(subst $(comma),,$(GPU_EXTRA))])
+TEST_EXTRAS := test$(if $(GPU_EXTRA),$(GPU_EXTRA),$(comma)check)
 RUN_STAMP := $(VENV)/.installed-run$(GPU_EXTRA)
 TEST_STAMP := $(VENV)/.installed-test$(GPU_EXTRA)
 
@@ -29,7 +34,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 
 # The test install holds everything the run install does, so it stamps both.
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[test$(GPU_EXTRA)]"
+	$(BIN)/python -m pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $@ $(RUN_STAMP)
 
 install: $(RUN_STAMP)

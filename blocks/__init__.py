@@ -15,6 +15,8 @@ GPUResult
     The handle a GPU task returns (also exported by :mod:`prefect_cudf_polars.tasks`).
 NoEngineSessionError, NoGPUError, SessionError
     Errors of session lookup, GPU availability and session lifecycle.
+BlockNotFoundError
+    No saved engine block has that name (a ``LookupError`` and a ``ValueError``).
 
 Rooms
 -----
@@ -47,12 +49,18 @@ package never imports :mod:`prefect_cudf_polars.tasks` or
 
 from prefect_cudf_polars.blocks.active import get_engine_session
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
-from prefect_cudf_polars.blocks.errors import NoEngineSessionError, NoGPUError, SessionError
+from prefect_cudf_polars.blocks.errors import (
+    BlockNotFoundError,
+    NoEngineSessionError,
+    NoGPUError,
+    SessionError,
+)
 from prefect_cudf_polars.blocks.results.result import GPUResult
 from prefect_cudf_polars.blocks.session import EngineSession
 from prefect_cudf_polars.blocks.task_runner import CudfPolarsTaskRunner
 
 __all__ = [
+    "BlockNotFoundError",
     "CudfPolarsEngine",
     "CudfPolarsTaskRunner",
     "EngineSession",

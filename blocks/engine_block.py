@@ -9,21 +9,34 @@ opens for one flow run.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import re
 from typing import Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator, model_validator
 
+from prefect_cudf_polars.blocks.backends.executor_options import RESERVED_EXECUTOR_KEYS, streaming_executor_fields
+from prefect_cudf_polars.blocks.errors import BlockNotFoundError
 from prefect_cudf_polars.blocks.session import EngineSession
 
 Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 
-# Keys cudf-polars sets itself (cudf_polars.engine.core._RESERVED_EXECUTOR_KEYS)
-# and keys this block owns through its named fields.
-_RESERVED_EXECUTOR_KEYS = frozenset({"cluster", "spmd_context", "ray_context", "dask_context"})
+# Keys this block owns through its named fields.
 _NAMED_EXECUTOR_KEYS = frozenset({"target_partition_size", "max_rows_per_partition"})
-_SPILL_LIMIT = re.compile(r"^(\d+(\.\d+)?%|\d+)$")
+_SPILL_LIMIT = re.compile(r"^(?:(?P<percent>\d+(?:\.\d+)?)%|(?P<bytes>\d+))$")
+# Keys Prefect 3.9's Block serializer adds to a block's data (Block.ser_model,
+# Block.validate_block_type_slug); a saved block's document carries them.
+_PREFECT_BLOCK_KEYS = frozenset(
+    {"block_type_slug", "_block_document_id", "_block_document_name", "_is_anonymous"}
+)
+
+
+def _did_you_mean(name: str, choices: Any) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(name, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 #: rmm memory resources a user picks by name (``device_memory_resource``).
 MEMORY_RESOURCES: dict[str, str] = {
@@ -65,7 +78,8 @@ class CudfPolarsEngine(Block):
         Most rows in one partition (cudf-polars' default 1,000,000).
     spill_device_limit : str or None
         Device memory use above which rapidsmpf spills to host, as a percentage
-        of GPU memory (``"80%"``, rapidsmpf's default) or bytes (``"60000000000"``).
+        of GPU memory above 0 and at most 100 (``"80%"``, rapidsmpf's default) or
+        a positive number of bytes (``"60000000000"``).
     device_memory_resource : {"async", "pool", "managed", "cuda"}
         The rmm memory resource: ``"async"`` (cudf-polars' default,
         ``CudaAsyncMemoryResource``), ``"pool"`` (``PoolMemoryResource`` over
@@ -96,14 +110,21 @@ class CudfPolarsEngine(Block):
         and events still go out. A normal teardown of an owned cluster takes
         about 0.5 s (Dask) to 1.5 s (Ray) on two GPUs.
     executor_options : dict
-        Further cudf-polars streaming executor options, passed as they are
-        (see ``cudf_polars.engine.options.StreamingOptions``).
+        Further cudf-polars streaming executor options, passed as they are: the
+        fields of cudf-polars' ``StreamingExecutor`` (read from cudf-polars where
+        it can be imported, else those of 26.10), except the ones cudf-polars
+        sets for the backend and the ones named fields above own.
 
     Raises
     ------
     pydantic.ValidationError
-        On a field with a bad value, for example ``spill_device_limit="lots"``
-        or ``executor_options`` naming a key a named field or cudf-polars owns.
+        On a field with a bad value, naming the field and what it allows: for
+        example ``spill_device_limit="120%"``, an ``executor_options`` key that
+        is not a streaming executor option (or one a named field or cudf-polars
+        owns), or a field the block does not have (``target_partiton_size=5``,
+        with the field it resembles).
+    BlockNotFoundError
+        From :meth:`load` and :meth:`aload`, for a name that was never saved.
     """
 
     _block_type_name: ClassVar[str] = "cudf-polars Engine"
@@ -167,26 +188,54 @@ class CudfPolarsEngine(Block):
         description="More cudf-polars streaming executor options, passed as they are.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_fields(cls, values: Any) -> Any:
+        # Prefect's Block keeps unknown keyword arguments (extra="allow"), so a
+        # misspelled field would be dropped silently; refuse it instead.
+        if isinstance(values, dict):
+            for key in values:
+                if key not in cls.model_fields and key not in _PREFECT_BLOCK_KEYS:
+                    raise ValueError(
+                        f"unknown field {key!r}{_did_you_mean(key, cls.model_fields)}; "
+                        f"CudfPolarsEngine's fields are: {', '.join(cls.model_fields)}"
+                    )
+        return values
+
     @field_validator("spill_device_limit")
     @classmethod
     def _check_spill_limit(cls, value: str | None) -> str | None:
-        if value is not None and not _SPILL_LIMIT.match(value.strip()):
+        if value is None:
+            return None
+        match = _SPILL_LIMIT.match(value.strip())
+        fits = match is not None and (
+            0 < float(match["percent"]) <= 100 if match["percent"] else int(match["bytes"]) > 0
+        )
+        if not fits:
             raise ValueError(
-                f"spill_device_limit={value!r} is not a percentage of GPU memory "
-                '("80%") or a number of bytes ("60000000000")'
+                f"spill_device_limit={value!r} is not a percentage of GPU memory above 0% and "
+                'at most 100% ("80%") or a positive number of bytes ("60000000000")'
             )
-        return value.strip() if value is not None else None
+        return value.strip()
 
     @field_validator("executor_options")
     @classmethod
     def _check_executor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if bad := sorted(_RESERVED_EXECUTOR_KEYS & value.keys()):
+        if bad := sorted(RESERVED_EXECUTOR_KEYS & value.keys()):
             raise ValueError(
                 f"executor_options may not set {bad}: cudf-polars sets them for the backend"
             )
         if bad := sorted(_NAMED_EXECUTOR_KEYS & value.keys()):
             raise ValueError(
                 f"executor_options may not set {bad}: use the block field of that name"
+            )
+        fields, source = streaming_executor_fields()
+        allowed = sorted(fields - RESERVED_EXECUTOR_KEYS - _NAMED_EXECUTOR_KEYS)
+        if unknown := sorted(value.keys() - set(allowed)):
+            raise ValueError(
+                f"executor_options key {unknown[0]!r} is not a {source} streaming executor "
+                f"option{_did_you_mean(unknown[0], allowed)}; the options allowed here: "
+                f"{', '.join(allowed)}"
             )
         return value
 
@@ -223,6 +272,50 @@ class CudfPolarsEngine(Block):
             options["initial_pool_size"] = size
         return {"qualname": MEMORY_RESOURCES[kind], "options": options}
 
+    @classmethod
+    async def aload(cls, name: str, validate: bool = True, client: Any = None) -> CudfPolarsEngine:
+        """The async form of :meth:`load` (Prefect's ``Block.aload``): the same parameters, result and errors."""
+        try:
+            return await super().aload(name, validate=validate, client=client)
+        except ValueError as exc:
+            raise _not_found(name, exc) from None
+
+    @classmethod
+    def load(cls, name: str, validate: bool = True, client: Any = None) -> Any:
+        """
+        Load a saved block by its document name (Prefect's ``Block.load``).
+
+        As with any Prefect block, in async code this returns a coroutine (of
+        :meth:`aload`) to await.
+
+        Parameters
+        ----------
+        name : str
+            The block document's name (``prefect-cudf-polars save-engine NAME``
+            or ``CudfPolarsEngine(...).save(NAME)`` saved it).
+        validate, client
+            As for Prefect's ``Block.load``.
+
+        Returns
+        -------
+        CudfPolarsEngine
+
+        Raises
+        ------
+        BlockNotFoundError
+            When the Prefect API has no ``cudf-polars-engine`` block of that
+            name (a ``LookupError`` and a ``ValueError``); the message says how
+            to save one and how to list those saved.
+        """
+        try:
+            loaded = super().load(name, validate=validate, client=client)
+        except ValueError as exc:
+            raise _not_found(name, exc) from None
+        if inspect.iscoroutine(loaded):  # Prefect 3.9 in async code: Block.aload's coroutine
+            loaded.close()
+            return cls.aload(name, validate=validate, client=client)
+        return loaded
+
     def session(self) -> EngineSession:
         """
         Open an engine session for this flow run (use it as a context manager).
@@ -245,15 +338,29 @@ class CudfPolarsEngine(Block):
         return EngineSession(self)
 
 
+def _not_found(name: str, exc: ValueError) -> ValueError:
+    """Prefect's "Unable to find block document" as a :class:`BlockNotFoundError`; other errors as they are."""
+    if "Unable to find block document" not in str(exc):
+        return exc
+    return BlockNotFoundError(
+        f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save "
+        f"one with `prefect-cudf-polars save-engine {name} --backend auto` (or "
+        f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with "
+        "`prefect block ls`."
+    )
+
+
 def load_engine_block(name: str) -> CudfPolarsEngine:
     """
-    Load a saved :class:`CudfPolarsEngine` block by its document name.
+    Load a saved :class:`CudfPolarsEngine` block by name, from sync or async code alike.
+
+    For code that must have the block itself, such as a task runner entered by
+    an async flow run (where :meth:`CudfPolarsEngine.load` returns a coroutine).
 
     Parameters
     ----------
     name : str
-        The block document's name (``prefect-cudf-polars save-engine NAME`` or
-        ``CudfPolarsEngine(...).save(NAME)`` saved it).
+        The block document's name.
 
     Returns
     -------
@@ -261,18 +368,9 @@ def load_engine_block(name: str) -> CudfPolarsEngine:
 
     Raises
     ------
-    LookupError
-        When the Prefect API has no ``cudf-polars-engine`` block of that name;
-        the message says how to save one and how to list those saved.
+    BlockNotFoundError
+        As for :meth:`CudfPolarsEngine.load`.
     """
-    try:
-        return CudfPolarsEngine.load(name)
-    except ValueError as exc:
-        if "Unable to find block document" not in str(exc):
-            raise
-        raise LookupError(
-            f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save "
-            f"one with `prefect-cudf-polars save-engine {name} --backend auto` (or "
-            f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with "
-            "`prefect block ls`."
-        ) from None
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    return run_coro_as_sync(CudfPolarsEngine.aload(name))

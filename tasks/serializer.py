@@ -5,8 +5,11 @@ GPU tasks carry it with ``persist_result=False`` (which beats flow-level
 persistence and ``PREFECT_RESULTS_PERSIST_BY_DEFAULT``). It matters when a user
 switches persistence on anyway: Prefect then calls :meth:`dumps`, which refuses,
 so nothing is written. Prefect 3.9 does not fail the task for that; it logs a
-generic warning and shows the state as "RolledBack", which is why the GPU tasks
-also log their own warning (:mod:`prefect_cudf_polars.tasks.task_defaults`).
+generic warning without the reason, which is why the refusal logs its own
+WARNING on the task run, once
+(:mod:`~prefect_cudf_polars.blocks.results.persistence`, the refusal every
+serializer meets), as the GPU tasks do when they are asked to persist
+(:mod:`prefect_cudf_polars.tasks.task_defaults`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Literal
 from prefect.serializers import PickleSerializer, Serializer
 
 from prefect_cudf_polars.blocks.errors import HostPersistenceError
-from prefect_cudf_polars.blocks.results.result import PICKLE_MESSAGE
+from prefect_cudf_polars.blocks.results.persistence import refuse_host_persistence
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 
 #: Prefix of host values this serializer writes (anything without it is refused on load).
@@ -31,7 +34,8 @@ class GPUResultSerializer(Serializer):
     -------
     dumps(obj)
         Raises :class:`HostPersistenceError` for a :class:`GPUResult` or anything
-        containing one; other (host) values are pickled behind a header.
+        containing one (with a WARNING on the task run that nothing was
+        persisted); other (host) values are pickled behind a header.
     loads(blob)
         Loads only host values it wrote; refuses anything else with
         :class:`HostPersistenceError` (a GPU result is never on disk to load).
@@ -50,12 +54,7 @@ class GPUResultSerializer(Serializer):
         """
         results = gpu_results_in(obj)
         if results:
-            first = results[0]
-            raise HostPersistenceError(
-                PICKLE_MESSAGE.format(name=first.name, id=first.id),
-                result_id=first.id,
-                result_name=first.name,
-            )
+            refuse_host_persistence(results[0])
         return HOST_HEADER + PickleSerializer().dumps(obj)
 
     def loads(self, blob: bytes) -> Any:

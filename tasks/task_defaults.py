@@ -16,6 +16,7 @@ from typing import Any
 from prefect.cache_policies import NO_CACHE, CachePolicy
 
 from prefect_cudf_polars.blocks.monitoring.artifacts import create_run_artifact, persistence_refusal_markdown
+from prefect_cudf_polars.blocks.results.persistence import warn_once_in_task_run
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
 
 
@@ -73,8 +74,9 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
     Log a WARNING on the task run when its options ask for result persistence.
 
     Prefect's own warning for a refused serializer is generic (and absent when
-    no cache key exists, since Prefect then never calls the serializer); this one
-    names the task, says why nothing was persisted and what to do.
+    the decorator switched persistence off, since Prefect then never calls the
+    serializer); this one names the task, says why nothing was persisted and
+    what to do. A task run is warned once, by this or by the serializer's refusal.
 
     Parameters
     ----------
@@ -82,7 +84,6 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
         Reasons known at decoration time (options the decorator neutralised).
     """
     from prefect.context import TaskRunContext
-    from prefect.logging import get_run_logger
 
     ctx = TaskRunContext.get()
     if ctx is None:
@@ -90,7 +91,8 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
     reasons = sorted(set(persistence_requests(ctx.task)) | set(extra))
     if not reasons:
         return
-    get_run_logger().warning(
+    # Once per task run: the serializer's refusal, if Prefect calls it, warns no more.
+    warned = warn_once_in_task_run(
         "Task %r asks for result persistence (%s), but it returns a GPU result, which "
         "lives in GPU memory of this process and is never written to result storage: "
         "nothing was persisted and the result stays usable in this flow run. To keep "
@@ -100,6 +102,8 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
         ctx.task.name,
         ", ".join(reasons),
     )
+    if not warned:
+        return
     # Visible on the task run in the UI too, not only as a log line.
     create_run_artifact(
         persistence_refusal_markdown(ctx.task.name, reasons),

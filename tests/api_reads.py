@@ -1,5 +1,5 @@
 """
-Reading back what a flow run showed the UI: artifacts and events, through Prefect's client.
+Reading back what a flow run showed the UI: task runs, logs, artifacts and events, through Prefect's client.
 
 Prefect sends events in the background and persists them asynchronously, so the
 event reader polls until the expected events arrive (or a bound passes).
@@ -21,13 +21,37 @@ from prefect.client.schemas.filters import (
 )
 
 
-def task_runs_of(flow_run_id) -> dict[str, Any]:
-    """The task runs of a flow run, by name."""
+def task_run_list(flow_run_id) -> list[Any]:
+    """Every task run of a flow run (mapped runs included, one entry each)."""
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
+        return client.read_task_runs(
             task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))
         )
-    return {run.name: run for run in runs}
+
+
+def task_runs_of(flow_run_id) -> dict[str, Any]:
+    """The task runs of a flow run, by name."""
+    return {run.name: run for run in task_run_list(flow_run_id)}
+
+
+def log_records(flow_run_id, *, expect: str | None = None, timeout: float = 20.0) -> list[Any]:
+    """
+    The log records (level, message, task run id) of a flow run and its task runs.
+
+    Prefect's API log handler sends logs in batches, so this polls until ``expect`` shows up
+    in a message (or ``timeout`` seconds pass).
+    """
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            )
+        if expect is None or any(expect in log.message for log in logs) or time.monotonic() > deadline:
+            return logs
+        time.sleep(0.25)
 
 
 def artifacts_of(*, flow_run_id=None, task_run_id=None, key: str | None = None) -> list[Any]:
@@ -54,6 +78,32 @@ def events_of(flow_run_id, *, expect: dict[str, int], timeout: float = 30.0) -> 
         event=EventNameFilter(prefix=["prefect_cudf_polars."]),
         related=EventRelatedFilter(id=[f"prefect.flow-run.{flow_run_id}"]),
     )
+    return _poll_events(flt, expect=expect, timeout=timeout)
+
+
+def related_ids(event: Any, role: str) -> list[str]:
+    """Ids of an event's related resources of one role."""
+    return [r.id for r in event.related if r.role == role]
+
+
+def asset_events(asset_key: str, *, expect: dict[str, int], timeout: float = 30.0) -> list[Any]:
+    """
+    The ``prefect.asset.*`` events whose resource is the asset ``asset_key``.
+
+    Polls until each event name in ``expect`` was seen at least that many times,
+    or ``timeout`` seconds pass (then returns what arrived; the test's asserts fail).
+    """
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    flt = EventFilter(
+        event=EventNameFilter(prefix=["prefect.asset."]),
+        resource=EventResourceFilter(id=[asset_key]),
+    )
+    return _poll_events(flt, expect=expect, timeout=timeout)
+
+
+def _poll_events(flt: Any, *, expect: dict[str, int], timeout: float) -> list[Any]:
+    """Read events matching ``flt`` until each name in ``expect`` came that many times (or ``timeout`` s)."""
     deadline = time.monotonic() + timeout
     while True:
         with get_client(sync_client=True) as client:
@@ -62,8 +112,3 @@ def events_of(flow_run_id, *, expect: dict[str, int], timeout: float = 30.0) -> 
         if all(names.count(n) >= k for n, k in expect.items()) or time.monotonic() > deadline:
             return found
         time.sleep(0.5)
-
-
-def related_ids(event: Any, role: str) -> list[str]:
-    """Ids of an event's related resources of one role."""
-    return [r.id for r in event.related if r.role == role]

@@ -16,6 +16,9 @@ import pytest
 
 from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 
+# The test API needs no telemetry service (it logs ERRORs on a just-created database and offline).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     found = gpu_probe.probe()
@@ -77,18 +80,6 @@ def read_run_logs(flow_run_id, *, expect: str | None = None, timeout: float = 20
     Prefect's API log handler sends logs in batches, so this polls until ``expect`` shows up
     (or ``timeout`` seconds pass).
     """
-    import time
+    from api_reads import log_records
 
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    deadline = time.monotonic() + timeout
-    while True:
-        with get_client(sync_client=True) as client:
-            logs = client.read_logs(
-                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-            )
-        messages = [log.message for log in logs]
-        if expect is None or any(expect in m for m in messages) or time.monotonic() > deadline:
-            return messages
-        time.sleep(0.25)
+    return [log.message for log in log_records(flow_run_id, expect=expect, timeout=timeout)]

@@ -6,7 +6,13 @@ GPU. It runs the same queries on polars' CPU engine and keeps results in host
 memory (:mod:`prefect_cudf_polars.blocks.backends.host_store`) with exactly the rules of
 cudf-polars' persisted results: ``execute`` returns a one-shot result whose
 ``lazy()`` scan moves the data out of the store, a second read raises, and
-``release()`` (or engine shutdown) drops it. Nothing here touches a GPU.
+``release()`` (or engine shutdown) drops it. A result's frame keeps the result
+alive until the frame is dropped, as cudf-polars' frames do. Each plan is
+prepared as the GPU engines prepare theirs
+(:mod:`~prefect_cudf_polars.blocks.backends.result_scans`), and with cudf-polars
+installed it is also checked the way cudf-polars would check it
+(:mod:`~prefect_cudf_polars.blocks.backends.gpu_support`). Nothing here touches
+a GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from polars.io.plugins import register_io_source
 
 from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.blocks.backends.base import RunningEngine
+from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
+from prefect_cudf_polars.blocks.backends.result_scans import ZERO_COLUMN_MESSAGE, prepare
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -59,8 +67,14 @@ class HostPersistedResult:
         self._finalizer()
 
     def lazy(self) -> pl.LazyFrame:
-        """Return a LazyFrame whose scan moves the partition out of the store."""
-        uid, query_id, schema = self._uid, self._query_id, self.schema
+        """
+        Return a LazyFrame whose scan moves the partition out of the store.
+
+        The frame holds this result, so the partition stays until the frame is
+        read or dropped (cudf-polars 26.10's ``PersistedQueryResult.lazy`` frames
+        hold their result the same way).
+        """
+        owner = self
 
         def source(
             with_columns: list[str] | None,
@@ -68,14 +82,17 @@ class HostPersistedResult:
             n_rows: int | None,
             batch_size: int | None,
         ) -> Iterator[pl.DataFrame]:
+            if with_columns is not None and len(with_columns) == 0:
+                # cudf-polars 26.10's PersistedSource refuses this before it reads the partition.
+                raise NotImplementedError(ZERO_COLUMN_MESSAGE)
             try:
-                store = host_store.require_store(uid)
+                store = host_store.require_store(owner._uid)
             except KeyError:
                 raise RuntimeError(
                     "The persisted query result's store no longer exists: the engine "
                     "was shut down since it produced the result."
                 ) from None
-            df = store.pop(query_id)
+            df = store.pop(owner._query_id)
             if with_columns is not None:
                 df = df.select(with_columns)
             if predicate is not None:
@@ -84,7 +101,7 @@ class HostPersistedResult:
                 df = df.head(n_rows)
             yield df
 
-        return register_io_source(source, schema=schema)
+        return register_io_source(source, schema=self.schema)
 
 
 class CpuEngine:
@@ -98,16 +115,18 @@ class CpuEngine:
         self.uid = uuid.uuid4().hex
         host_store.open_store(self.uid)
 
-    def execute(self, lf: pl.LazyFrame) -> HostPersistedResult:
-        """Run ``lf`` on the CPU and keep the result in this engine's host store."""
-        df = lf.collect()
+    def execute(
+        self, lf: pl.LazyFrame, optimizations: pl.QueryOptFlags | None = None
+    ) -> HostPersistedResult:
+        """Run ``lf`` on the CPU (polars' ``optimizations``, default all) and keep the result in this engine's host store."""
+        df = lf.collect(optimizations=pl.QueryOptFlags() if optimizations is None else optimizations)
         query_id = uuid.uuid4()
         host_store.require_store(self.uid).put(query_id, df)
         return HostPersistedResult(self.uid, query_id, df.schema)
 
-    def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
-        """Run ``lf`` on the CPU and return the DataFrame."""
-        return lf.collect()
+    def collect(self, lf: pl.LazyFrame, optimizations: pl.QueryOptFlags | None = None) -> pl.DataFrame:
+        """Run ``lf`` on the CPU (polars' ``optimizations``, default all) and return the DataFrame."""
+        return lf.collect(optimizations=pl.QueryOptFlags() if optimizations is None else optimizations)
 
     def shutdown(self) -> None:
         """Drop every stored result of this engine (idempotent)."""
@@ -115,18 +134,36 @@ class CpuEngine:
 
 
 class CpuRunningEngine(RunningEngine):
-    """A running ``cpu`` backend."""
+    """
+    A running ``cpu`` backend.
+
+    Parameters
+    ----------
+    engine : CpuEngine
+    gpu_support : GPUSupportCheck
+        Checks each plan the way cudf-polars would (where it can run here).
+    raise_on_fail : bool
+        The block's ``raise_on_fail``: as on the GPU, ``execute`` refuses what
+        cudf-polars cannot run whatever it is, ``collect`` only when it is True.
+    """
 
     backend = "cpu"
 
-    def __init__(self, engine: CpuEngine) -> None:
+    def __init__(self, engine: CpuEngine, gpu_support: GPUSupportCheck, raise_on_fail: bool) -> None:
         self.engine = engine
+        self.gpu_support = gpu_support
+        self.raise_on_fail = raise_on_fail
 
     def execute(self, lf: pl.LazyFrame) -> Any:
-        return self.engine.execute(lf)
+        flags = prepare(lf)
+        self.gpu_support.check(lf, flags)
+        return self.engine.execute(lf, flags)
 
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
-        return self.engine.collect(lf)
+        flags = prepare(lf)
+        if self.raise_on_fail:
+            self.gpu_support.check(lf, flags)
+        return self.engine.collect(lf, flags)
 
     def memory_in_use(self) -> int | None:
         try:
@@ -142,7 +179,7 @@ class CpuRunningEngine(RunningEngine):
             "versions": {"polars": pl.__version__},
             "note": (
                 "polars CPU engine, host memory only: for developing and testing "
-                "flows on machines without a GPU"
+                f"flows on machines without a GPU; {self.gpu_support.status}"
             ),
         }
 
@@ -151,5 +188,5 @@ class CpuRunningEngine(RunningEngine):
 
 
 def start(block: CudfPolarsEngine) -> CpuRunningEngine:
-    """Start the ``cpu`` backend (no GPU needed)."""
-    return CpuRunningEngine(CpuEngine())
+    """Start the ``cpu`` backend (no GPU needed), with the GPU-support check where it can run."""
+    return CpuRunningEngine(CpuEngine(), GPUSupportCheck.open(block), block.raise_on_fail)

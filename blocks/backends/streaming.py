@@ -11,6 +11,16 @@ module, each with the cudf-polars version it was checked against:
   ranks in other processes.
 * ``PersistedQueryResult._schema`` and ``._ranks`` hold a result's output
   schema and producing ranks (cudf-polars 26.10 has no public accessor).
+* ``engine.execute(lf)`` takes no polars optimization flags in cudf-polars
+  26.10 (it translates ``lf._ldf.visit()``, which plans with the flags stored
+  in the frame), so :func:`with_optimizations` stores them in the frame with
+  polars 1.44's private ``LazyFrame._ldf.with_optimizations``. ``collect``
+  takes polars' public ``optimizations`` argument.
+
+Every plan is prepared first
+(:func:`~prefect_cudf_polars.blocks.backends.result_scans.prepare`): a plan
+that reads a result's frame runs without slice pushdown, and a zero-column read
+of one is refused before the engine runs.
 """
 
 from __future__ import annotations
@@ -23,6 +33,19 @@ import polars as pl
 from prefect_cudf_polars.blocks.backends.base import RunningEngine
 from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes, rank_device_name
 from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank
+from prefect_cudf_polars.blocks.backends.result_scans import prepare
+
+
+def with_optimizations(lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.LazyFrame:
+    """
+    ``lf`` planned with ``flags``, for an engine call that takes no optimization flags.
+
+    Checked against polars 1.44 and cudf-polars 26.10: ``execute_persisted_query``
+    translates ``lf._ldf.visit()``, which optimizes with the flags the frame
+    carries; ``LazyFrame._ldf.with_optimizations`` (private) sets them, as
+    polars' own ``collect`` does.
+    """
+    return pl.LazyFrame._from_pyldf(lf._ldf.with_optimizations(flags._pyoptflags))
 
 
 def rapids_versions() -> dict[str, str]:
@@ -98,10 +121,13 @@ class StreamingRunningEngine(RunningEngine):
         self.extra_description: dict[str, Any] = {}
 
     def execute(self, lf: pl.LazyFrame) -> StreamingPersistedResult:
+        flags = prepare(lf)
+        if not flags.slice_pushdown:  # a plan that reads a result's frame: carry the flags in
+            lf = with_optimizations(lf, flags)
         return StreamingPersistedResult(self.engine.execute(lf))
 
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
-        return lf.collect(engine=self.engine)
+        return lf.collect(engine=self.engine, optimizations=prepare(lf))
 
     def memory_in_use(self) -> int | None:
         if self.backend == "spmd":

@@ -2,7 +2,7 @@
 The Prefect artifacts a user reads in the UI instead of the data.
 
 * one markdown artifact per GPU result, on the task run that produced it
-  (:func:`result_markdown`): polars' optimized query plan, output schema, where
+  (:func:`result_markdown`): the optimized plan the engine ran, output schema, where
   the result lives (backend, ranks/GPUs, partitions), memory in use after the
   engine call and the call's seconds;
 * one keyed markdown artifact per engine session at its end
@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+
+from prefect_cudf_polars.blocks.backends.result_scans import engine_plan
 
 logger = logging.getLogger("prefect_cudf_polars.artifacts")
 
@@ -52,12 +54,15 @@ def memory_source(backend: str | None) -> str:
 
 def query_plan(lf: Any) -> str:
     """
-    polars' optimized plan of ``lf`` (``LazyFrame.explain()``), or why there is none.
+    The optimized plan the engine ran for ``lf``, or why there is none.
 
-    ``explain`` only plans (no data is read, no result is claimed).
+    polars' ``explain`` with the optimizations the engines run the plan with
+    (:func:`~prefect_cudf_polars.blocks.backends.result_scans.engine_plan`: a
+    plan that reads a result's frame runs without slice pushdown). ``explain``
+    only plans (no data is read, no result is claimed).
     """
     try:
-        plan = lf.explain()
+        plan = engine_plan(lf)
     except Exception as exc:
         return f"(plan not available: {type(exc).__name__}: {exc})"
     if len(plan) > PLAN_LIMIT:
@@ -80,7 +85,7 @@ def result_markdown(
     result : GPUResult
         The result just produced.
     plan
-        polars' optimized plan of the query (:func:`query_plan`).
+        The optimized plan the engine ran (:func:`query_plan`).
     memory_after
         Bytes in use after the engine call (``EngineSession.memory_in_use()``),
         summed over ranks; ``None`` when unreadable.
@@ -104,7 +109,7 @@ def result_markdown(
         f"#### Output schema ({len(result.schema)} columns)\n\n"
         "| column | dtype |\n|---|---|\n"
         f"{schema}\n\n"
-        "#### Query plan (polars, optimized)\n\n"
+        "#### Query plan (optimized, as the engine ran it)\n\n"
         f"```\n{plan}\n```\n"
     )
 

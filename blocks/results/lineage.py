@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from prefect_cudf_polars.blocks.backends.result_scans import reads_in_process_source
 from prefect_cudf_polars.blocks.errors import CannotRecomputeError
 from prefect_cudf_polars.blocks.results.result import GPUResult
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in, instances_in, replace_gpu_results
@@ -44,21 +45,8 @@ from prefect_cudf_polars.blocks.results.walker import gpu_results_in, instances_
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.session.session import EngineSession
 
-#: polars' explain() name of an in-process IO source (register_io_source).
-IN_PROCESS_SCAN = "PYTHON SCAN"
 #: Deepest lineage :meth:`Lineage.unreplayable_reason` follows.
 MAX_LINEAGE_DEPTH = 200
-
-
-def plan_reads_in_process_source(lf: pl.LazyFrame) -> bool:
-    """
-    Whether a LazyFrame's plan holds an in-process IO source (``PYTHON SCAN``).
-
-    ``GPUResult.lazy()`` frames are such sources; so are user IO plugins built
-    with ``polars.io.plugins.register_io_source``. Read from the unoptimized
-    plan (``LazyFrame.explain(optimized=False)``), which runs nothing.
-    """
-    return IN_PROCESS_SCAN in lf.explain(optimized=False)
 
 
 def _run_as_is(query: Any) -> pl.LazyFrame:
@@ -126,7 +114,7 @@ class Lineage:
             if reason is not None:
                 return reason
         for value in instances_in((self.args, self.kwargs), pl.LazyFrame):
-            if plan_reads_in_process_source(value):
+            if reads_in_process_source(value):
                 return (
                     f"the query given to {self.label} reads an in-process source — a "
                     "GPUResult's .lazy() frame built outside a GPU task — whose data "

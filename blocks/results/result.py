@@ -14,11 +14,12 @@ counterpart) and adds the rules cudf-polars states but does not guard:
 * **One session.** A claim from another active session raises
   :class:`~prefect_cudf_polars.blocks.errors.WrongEngineError` before cudf-polars
   is called.
-* **One process.** Pickling raises
+* **One process, never persisted.** Pickling and every result serializer
+  (pickle, cloudpickle, json, ``compressed/...``) raise
   :class:`~prefect_cudf_polars.blocks.errors.HostPersistenceError`: the
   partitions live in GPU memory of this process, and cudf-polars' result
   pickles silently (its finalizer is simply lost), so nothing else would stop
-  Prefect.
+  Prefect (:mod:`~prefect_cudf_polars.blocks.results.persistence`).
 * **Lineage.** Each result remembers the plan that produced it
   (:mod:`~prefect_cudf_polars.blocks.results.lineage`), so a retried task or a
   ``tee`` can produce it again after it was read.
@@ -27,8 +28,9 @@ counterpart) and adds the rules cudf-polars states but does not guard:
   futures or states keep after consumption holds no engine memory.
 * **Stable hash.** Prefect cache keys see the result id, through
   ``prefect.cache_policies.STABLE_TRANSFORMS`` (top-level arguments) and a
-  pydantic serializer (results inside lists or dicts, which Prefect hashes as
-  JSON), never by pickling. Two results never share an id.
+  pydantic serializer whose JSON form is the id only while Prefect computes a
+  cache key (results inside lists or dicts), never by pickling. Two results
+  never share an id.
 
 The session and its results talk through two small interfaces:
 :class:`ResultOwner` (what a result asks of the session that produced it) and
@@ -48,11 +50,11 @@ from pydantic_core import SchemaSerializer, core_schema
 
 from prefect_cudf_polars.blocks.active import active_session_or_none
 from prefect_cudf_polars.blocks.errors import (
-    HostPersistenceError,
     ResultConsumedError,
     ResultReleasedError,
     WrongEngineError,
 )
+from prefect_cudf_polars.blocks.results.persistence import cache_key_form, refuse_host_persistence
 from prefect_cudf_polars.blocks.results.run_identity import current_run_id, current_run_name
 
 if TYPE_CHECKING:
@@ -60,17 +62,6 @@ if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.results.lineage import Lineage
 
 State = Literal["live", "consumed", "released"]
-
-PICKLE_MESSAGE = (
-    "GPUResult {name!r} (id {id}) cannot be pickled or persisted: its partitions "
-    "live in GPU memory of the process that holds the engine. Pass GPU results "
-    "only between tasks of one flow run with the thread-pool task runner "
-    "(CudfPolarsTaskRunner, or Prefect's default ThreadPoolTaskRunner inside "
-    "`with block.session():`), not a process-based runner (Dask, Ray, "
-    "ProcessPool), and do not persist them. To keep data, collect it to the "
-    "host (the `collect` task) or write it to parquet."
-)
-
 
 class ResultOwner(Protocol):
     """
@@ -387,11 +378,7 @@ class GPUResult:
         return isinstance(other, GPUResult) and other.id == self.id
 
     def __reduce__(self) -> Any:
-        raise HostPersistenceError(
-            PICKLE_MESSAGE.format(name=self.name, id=self.id),
-            result_id=self.id,
-            result_name=self.name,
-        )
+        refuse_host_persistence(self)
 
     def __copy__(self) -> GPUResult:
         return self
@@ -406,10 +393,11 @@ def stable_transform(result: GPUResult) -> dict[str, str]:
 
 
 # Results inside lists and dicts: Prefect hashes inputs as JSON first, and pydantic
-# serializes objects that carry a __pydantic_serializer__ with it.
+# serializes objects that carry a __pydantic_serializer__ with it; the same JSON form
+# refuses every other caller (see persistence.py).
 GPUResult.__pydantic_serializer__ = SchemaSerializer(  # type: ignore[attr-defined]
     core_schema.any_schema(
-        serialization=core_schema.plain_serializer_function_ser_schema(stable_transform)
+        serialization=core_schema.plain_serializer_function_ser_schema(cache_key_form)
     )
 )
 

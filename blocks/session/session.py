@@ -55,6 +55,7 @@ from prefect_cudf_polars.blocks.session import lines
 from prefect_cudf_polars.blocks.session.memory import MemoryTracker
 from prefect_cudf_polars.blocks.session.owner import ENDED_MESSAGE, OwnerThread
 from prefect_cudf_polars.blocks.session.registry import ResultRegistry
+from prefect_cudf_polars.blocks.session.warning_origin import user_stacklevel
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import PersistedResult, RunningEngine
@@ -174,7 +175,7 @@ class EngineSession:
         self.backend, self.fallback_warning = resolve_backend(self.block)
         if self.fallback_warning:
             # Once as a Python warning here; announce() logs it once to the flow run.
-            warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=3)
+            warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
         self._owner = OwnerThread(f"cudf-polars-engine-owner-{self.id[:8]}")
         try:
             self._owner.run(self._start_on_owner)

@@ -18,6 +18,10 @@ How the credentials reach each reader (see
 
 With ``raise_on_fail=True`` on the engine block (its default), a read that
 cudf-polars cannot run on the GPU fails instead of falling back to the CPU.
+
+The sources are the task run's upstream assets
+(:mod:`~prefect_cudf_polars.tasks.storage.assets`): a ``sink_parquet`` of what
+was computed from them records them as the written asset's upstream.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from prefect import task
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
+from prefect_cudf_polars.tasks.storage.assets import declare_sources
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access, scrub
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_engine_error
 from prefect_cudf_polars.tasks.storage.location import S3Location, check_readable, is_s3_url, parse_s3_url
@@ -204,7 +209,8 @@ def read_parquet(
     Returns
     -------
     GPUResult
-        Live in the flow run's engine session.
+        Live in the flow run's engine session. The sources are upstream assets
+        of the task run (``file://`` URIs for local paths).
 
     Raises
     ------
@@ -224,6 +230,7 @@ def read_parquet(
     for url in remote:
         assert access is not None
         check_readable(parse_s3_url(url), access)
+    declare_sources(sources)
     lf = scan_parquet(sources, access, backend=session.backend or "cpu")
     if columns is not None:
         lf = lf.select(columns)

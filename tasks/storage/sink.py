@@ -19,6 +19,10 @@ Before anything is claimed or written, the target is checked: the bucket must
 exist and accept the credentials, and the folder or prefix must be empty
 (``overwrite=True`` deletes what is there first). A bad target therefore loses
 nothing: the result stays live and can be written elsewhere.
+
+The target is a Prefect asset the task run materializes, with the rows, bytes,
+schema and backend written, and the sources ``read_parquet`` read as its
+upstream assets (:mod:`~prefect_cudf_polars.tasks.storage.assets`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pydantic import BaseModel, Field
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
 from prefect_cudf_polars.tasks.inputs import drop_claimed
+from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.storage.location import (
     S3Location,
@@ -186,6 +191,8 @@ def sink_parquet(
     -------
     ParquetSinkSummary
         Files written, rows and bytes (from the files' parquet footers and sizes).
+        The target is an asset the task run materializes (``file://`` URI for a
+        folder), with those figures, the schema and the backend as metadata.
 
     Raises
     ------
@@ -220,6 +227,8 @@ def sink_parquet(
         folder = Path(target).expanduser().resolve()
         _check_local_target(folder, overwrite=overwrite)
 
+    asset = declare_target(target if remote else str(folder))
+    schema = {name: str(dtype) for name, dtype in result.schema.items()}
     # polars' CPU sink writes one file; cudf-polars' streaming engines a folder of parts.
     on_cpu = session.backend == "cpu"
     sink_path = folder / "part.000000.parquet" if on_cpu else folder
@@ -240,14 +249,18 @@ def sink_parquet(
     files = _written_files(folder)
     rows = sum(pq.read_metadata(f).num_rows for f in files)
     size = sum(f.stat().st_size for f in files)
-    if not remote:
-        return ParquetSinkSummary(
-            target=str(folder), files=[str(f) for f in files], rows=rows, bytes=size,
-            backend=session.backend or "unknown",
-        )
-    assert location is not None and access is not None
-    urls = _upload(files, folder, location, access, client)
-    shutil.rmtree(folder, ignore_errors=True)
-    return ParquetSinkSummary(
-        target=target, files=urls, rows=rows, bytes=size, backend=session.backend or "unknown"
+    if remote:
+        assert location is not None and access is not None
+        written = _upload(files, folder, location, access, client)
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        written = [str(f) for f in files]
+    summary = ParquetSinkSummary(
+        target=target if remote else str(folder), files=written, rows=rows, bytes=size,
+        backend=session.backend or "unknown",
     )
+    record_written(
+        asset,
+        {"rows": rows, "bytes": size, "schema": schema, "backend": summary.backend, "files": len(written)},
+    )
+    return summary

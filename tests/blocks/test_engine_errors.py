@@ -59,7 +59,9 @@ def test_a_held_error_keeps_no_local_variables_of_the_failed_call_alive():
     assert final.__traceback__ is not None
 
 
-def test_a_session_error_on_the_cpu_backend_holds_no_udf_locals(cpu_block):
+def test_a_session_error_on_the_cpu_backend_holds_no_udf_locals():
+    from prefect_cudf_polars.blocks import CudfPolarsEngine
+
     probe: dict = {}
 
     def fails(df: pl.DataFrame) -> pl.DataFrame:
@@ -67,7 +69,9 @@ def test_a_session_error_on_the_cpu_backend_holds_no_udf_locals(cpu_block):
         probe["ref"] = weakref.ref(chunk)
         raise ValueError("the query failed")
 
-    with cpu_block.session() as session:
+    # A Python function cudf-polars does not run on the GPU: raise_on_fail=False lets
+    # polars' CPU engine run this collect (the GPU-support check would refuse it).
+    with CudfPolarsEngine(backend="cpu", raise_on_fail=False).session() as session:
         with pytest.raises(ValueError, match="the query failed") as info:
             session.collect(pl.LazyFrame({"a": [1]}).map_batches(fails))
         gc.collect()

@@ -8,16 +8,17 @@ import pytest
 
 from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import CannotRecomputeError, GPUResult
-from prefect_cudf_polars.blocks.results.lineage import Lineage, plan_reads_in_process_source
+from prefect_cudf_polars.blocks.backends.result_scans import reads_in_process_source
+from prefect_cudf_polars.blocks.results.lineage import Lineage
 
 
 def test_in_process_sources_are_found_in_a_plan(cpu_block, orders):
-    assert not plan_reads_in_process_source(pl.scan_parquet(orders).filter(pl.col("id") > 3))
-    assert not plan_reads_in_process_source(pl.LazyFrame({"a": [1]}))
+    assert not reads_in_process_source(pl.scan_parquet(orders).filter(pl.col("id") > 3))
+    assert not reads_in_process_source(pl.LazyFrame({"a": [1]}))
     with cpu_block.session() as session:
         r = session.execute(pl.scan_parquet(orders))
         lf = r.lazy().join(pl.scan_parquet(orders), on="id")
-        assert plan_reads_in_process_source(lf)
+        assert reads_in_process_source(lf)
 
 
 def test_results_record_their_lineage_and_replay_it(cpu_block, orders):

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-
 import polars as pl
 import pytest
 from prefect import flow
 from prefect.cache_policies import INPUTS
-from prefect.filesystems import LocalFileSystem
 from prefect.serializers import Serializer
 
 from conftest import read_run_logs
+from result_storage import saved_storage, stored_files
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.tasks import (
     GPUResultSerializer,
@@ -20,13 +18,6 @@ from prefect_cudf_polars.tasks import (
     execute,
     gpu_task,
 )
-
-
-def saved_storage(path):
-    """A LocalFileSystem result storage block saved server-side (Prefect requires it)."""
-    block = LocalFileSystem(basepath=str(path))
-    block.save(f"results-{uuid.uuid4().hex[:12]}")
-    return block
 
 
 def test_dumps_refuses_gpu_results_and_containers(cpu_block, orders):
@@ -100,7 +91,7 @@ def test_gpu_task_asked_to_persist_warns_and_writes_nothing(orders, tmp_path, op
     assert state.result() == 1000
     assert any("Task 'persist-me' asks for result persistence" in m for m in logs)
     store = tmp_path / "store"
-    written = [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+    written = stored_files(store)
     # Only the flow's own return value (an int) may be there, never a task's GPU result.
     assert all(b"GPUResult" not in p.read_bytes() for p in written)
 

@@ -1,0 +1,127 @@
+"""
+Plans that read a result's frame: the optimizations the engines run them with, and the reads refused before they run.
+
+A result's frame (``GPUResult.lazy()``) is a polars IO-plugin scan on every
+backend (``register_io_source``: cudf-polars' ``PersistedSource``, the ``cpu``
+backend's host source), shown as ``PYTHON SCAN`` by ``LazyFrame.explain``.
+Two things polars does to such a scan cudf-polars 26.10 does not run, so every
+backend adapter (``cpu`` and the streaming engines alike) prepares a plan here
+before its engine sees it, and the ``cpu`` backend runs what the GPU runs:
+
+* **Row limits.** polars 1.44's slice pushdown moves the row count of
+  ``head(n)``, ``limit(n)`` and ``slice(0, n)`` (also after ``with_columns``)
+  into the scan; cudf-polars 26.10 refuses a row limit on a Python scan when it
+  translates the plan ("A row limit (head/limit) on a PythonScan source is not
+  supported": one global limit cannot be enforced rank by rank). A plan that
+  reads a ``PYTHON SCAN`` therefore runs with ``slice_pushdown=False``: the limit
+  stays a ``SLICE`` above the scan, which cudf-polars runs. Plans without one
+  keep every optimization (``scan_parquet(p).head(n)`` still reads ``n`` rows).
+* **Zero columns.** A query that needs none of a scan's columns
+  (``with_row_index()`` keeping only the index, ``select(pl.lit(1))``, SQL
+  ``count(*)``) gets a zero-column projection, which cudf-polars 26.10's
+  ``PersistedSource`` refuses when it runs ("does not support a zero-column
+  projection"), and from which no row count can be read. It is refused here,
+  before any engine runs, naming the form that works. ``select(pl.len())``
+  reads one column in polars 1.44 and runs everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+#: polars' ``explain()`` name of an IO-plugin scan (``register_io_source``), as of polars 1.44.
+IN_PROCESS_SCAN = "PYTHON SCAN"
+# polars 1.44's explain() prints a scan's projection on the line below it ("PROJECT 0/3 COLUMNS").
+_ZERO_COLUMN_SCAN = re.compile(rf"{IN_PROCESS_SCAN}[^\n]*\n[ \t]*PROJECT 0/")
+
+ZERO_COLUMN_MESSAGE = (
+    "This query reads a GPU result's frame (or another polars IO source) without any "
+    "of its columns, for example `with_row_index()` keeping only the index, "
+    "`select(pl.lit(1))`, or SQL `count(*)`. cudf-polars 26.10 does not support a "
+    "zero-column projection of a persisted result, so no engine runs it. Select at "
+    "least one of the result's columns: `result.lazy().select(pl.len())` counts rows, "
+    "and `result.lazy().with_row_index().select('index', <a column>)` numbers them."
+)
+
+
+def reads_in_process_source(lf: pl.LazyFrame) -> bool:
+    """
+    Whether a plan holds an IO-plugin scan (``PYTHON SCAN``), such as a result's frame.
+
+    Read from the unoptimized plan (``LazyFrame.explain(optimized=False)``),
+    which runs nothing and reads no data.
+
+    Parameters
+    ----------
+    lf : polars.LazyFrame
+
+    Returns
+    -------
+    bool
+    """
+    return IN_PROCESS_SCAN in lf.explain(optimized=False)
+
+
+def engine_flags(lf: pl.LazyFrame) -> pl.QueryOptFlags:
+    """
+    The polars optimizations an engine runs ``lf`` with.
+
+    Parameters
+    ----------
+    lf : polars.LazyFrame
+
+    Returns
+    -------
+    polars.QueryOptFlags
+        ``QueryOptFlags(slice_pushdown=False)`` when the plan reads a
+        ``PYTHON SCAN``; polars' defaults otherwise.
+    """
+    if reads_in_process_source(lf):
+        return pl.QueryOptFlags(slice_pushdown=False)
+    return pl.QueryOptFlags()
+
+
+def engine_plan(lf: pl.LazyFrame) -> str:
+    """
+    The optimized plan an engine runs for ``lf`` (``explain`` with :func:`engine_flags`).
+
+    Parameters
+    ----------
+    lf : polars.LazyFrame
+
+    Returns
+    -------
+    str
+        polars' plan text; planning reads no data.
+    """
+    return lf.explain(optimizations=engine_flags(lf))
+
+
+def prepare(lf: pl.LazyFrame) -> pl.QueryOptFlags:
+    """
+    Check ``lf`` before an engine runs it, and return the optimizations to run it with.
+
+    Parameters
+    ----------
+    lf : polars.LazyFrame
+        The query an engine is about to run.
+
+    Returns
+    -------
+    polars.QueryOptFlags
+        See :func:`engine_flags`.
+
+    Raises
+    ------
+    NotImplementedError
+        When the plan reads an IO-plugin scan (a result's frame) with zero
+        columns; the message names the form that works. Nothing has run.
+    """
+    if not reads_in_process_source(lf):
+        return pl.QueryOptFlags()
+    flags = pl.QueryOptFlags(slice_pushdown=False)
+    if _ZERO_COLUMN_SCAN.search(lf.explain(optimizations=flags)):
+        raise NotImplementedError(ZERO_COLUMN_MESSAGE)
+    return flags

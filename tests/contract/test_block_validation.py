@@ -1,0 +1,85 @@
+"""
+The engine block refuses bad configuration when it is built, naming the field and what it allows.
+
+A value cudf-polars or rapidsmpf would refuse (or silently misread) at 06:00 on the GPU
+machine is a ``pydantic.ValidationError`` on the laptop, where the block is written.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine
+
+
+@pytest.mark.parametrize("limit", ["120%", "0%", "100.5%", "0"])
+def test_spill_device_limit_outside_what_rapidsmpf_can_use_is_refused(limit):
+    with pytest.raises(ValidationError, match=r"(?s)spill_device_limit.*100%") as info:
+        CudfPolarsEngine(spill_device_limit=limit)
+    assert repr(limit) in str(info.value)
+
+
+@pytest.mark.parametrize("limit", ["80%", "100%", "0.5%", "60000000000"])
+def test_spill_device_limit_percentages_and_bytes_are_kept(limit):
+    assert CudfPolarsEngine(spill_device_limit=limit).spill_device_limit == limit
+
+
+def test_an_unknown_executor_option_names_the_key_and_the_options_allowed():
+    with pytest.raises(ValidationError, match=r"(?s)executor_options.*'nonsense'") as info:
+        CudfPolarsEngine(executor_options={"nonsense": 1})
+    # What is allowed: cudf-polars 26.10's streaming executor options.
+    message = str(info.value)
+    for allowed in ("broadcast_limit", "fallback_mode", "max_concurrent_io_tasks"):
+        assert allowed in message
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"broadcast_limit": 1_000_000}, {"fallback_mode": "raise"}, {"dynamic_planning": None}],
+)
+def test_cudf_polars_executor_options_are_accepted(options):
+    assert CudfPolarsEngine(executor_options=options).executor_options == options
+
+
+def test_a_misspelled_field_is_refused_with_the_field_it_resembles():
+    with pytest.raises(ValidationError, match=r"(?s)target_partiton_size.*target_partition_size"):
+        CudfPolarsEngine(target_partiton_size=5)
+
+
+def test_a_saved_block_still_loads_with_the_checks_in_place():
+    CudfPolarsEngine(backend="cpu", spill_device_limit="75%",
+                     executor_options={"fallback_mode": "warn"}).save(
+        "contract-validation-roundtrip", overwrite=True
+    )
+    loaded = CudfPolarsEngine.load("contract-validation-roundtrip")
+    assert loaded.spill_device_limit == "75%"
+    assert loaded.executor_options == {"fallback_mode": "warn"}
+
+
+def test_the_fixed_executor_option_names_are_cudf_polars_own():
+    """Without cudf-polars the block checks keys against a list: the same names cudf-polars 26.10 has."""
+    import dataclasses
+
+    from cudf_polars_import import cudf_polars_or_skip
+    from prefect_cudf_polars.blocks.backends.executor_options import STREAMING_EXECUTOR_FIELDS
+
+    cudf_polars_or_skip()
+    from cudf_polars.utils.config import StreamingExecutor
+
+    assert STREAMING_EXECUTOR_FIELDS == {f.name for f in dataclasses.fields(StreamingExecutor) if f.init}
+
+
+def test_without_cudf_polars_executor_options_are_checked_against_the_26_10_names(monkeypatch):
+    import sys
+
+    from prefect_cudf_polars.blocks.backends import executor_options
+
+    monkeypatch.setitem(sys.modules, "cudf_polars", None)  # import cudf_polars raises ImportError
+    executor_options.streaming_executor_fields.cache_clear()
+    try:
+        with pytest.raises(ValidationError, match=r"'broadcst_limit' is not a cudf-polars 26.10 streaming executor option \(did you mean 'broadcast_limit'\?\)"):
+            CudfPolarsEngine(executor_options={"broadcst_limit": 1})
+        assert CudfPolarsEngine(executor_options={"broadcast_limit": 1}).executor_options == {"broadcast_limit": 1}
+    finally:
+        executor_options.streaming_executor_fields.cache_clear()
