@@ -11,7 +11,6 @@ an error that names the session that ended, not the flow run (which goes on).
 from __future__ import annotations
 
 import threading
-import time
 
 import polars as pl
 import pytest
@@ -20,19 +19,10 @@ from prefect.client.orchestration import get_client
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, SessionError
 from prefect_cudf_polars.tasks import collect, execute, gpu_task
+from slow_queries import sleeping
 
 #: Seconds the slow query sleeps inside its engine call.
 SLOW_S = 2.0
-
-
-def slow(lf: pl.LazyFrame) -> pl.LazyFrame:
-    """``lf`` with a column whose computation sleeps :data:`SLOW_S` inside the engine call."""
-
-    def sleepy(s: pl.Series) -> pl.Series:
-        time.sleep(SLOW_S)
-        return s
-
-    return lf.with_columns(pl.col("amount").map_batches(sleepy, return_dtype=pl.Float64))
 
 
 def task_run_state(future):
@@ -46,7 +36,7 @@ def test_a_block_session_waits_for_a_task_run_in_its_engine_call(cpu_block, orde
     @gpu_task
     def slow_orders(path: str) -> pl.LazyFrame:
         started.set()
-        return slow(pl.scan_parquet(path))
+        return sleeping(pl.scan_parquet(path), SLOW_S)
 
     @flow
     def exits_early():
