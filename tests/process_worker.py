@@ -12,12 +12,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prefect.client.orchestration import get_client
 
 from processes import child_pids, pid_alive, stop
+
+#: The backends a flow process runs its engine on, owning it: for dask its
+#: ``LocalCUDACluster``, for ray a local Ray.
+SUBPROCESS_BACKENDS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("spmd", id="spmd", marks=pytest.mark.gpu),
+    pytest.param("dask", id="dask", marks=pytest.mark.gpu),
+    pytest.param(
+        "ray", id="ray",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not find_spec("ray"), reason="needs Ray (pip install ray)")],
+    ),
+]
 
 
 @contextlib.contextmanager

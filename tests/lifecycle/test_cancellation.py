@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -25,25 +24,16 @@ from prefect.settings import PREFECT_API_URL
 
 from api_reads import events_of
 from nvidia_smi import device_memory_used_mib, wait_back_to
-from process_worker import cancel_and_wait, process_worker_deployment
+from process_worker import SUBPROCESS_BACKENDS, cancel_and_wait, process_worker_deployment
 from processes import pid_alive, wait_until
 
 FLOW_FOLDER = Path(__file__).parents[1] / "reliability" / "scripts"
 CANCELLED_WITHIN_S = 10.0
 ENGINE_STOPPED = "prefect_cudf_polars.engine.stopped"
 
-BACKENDS = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("spmd", id="spmd", marks=pytest.mark.gpu),
-    pytest.param("dask", id="dask", marks=pytest.mark.gpu),
-    pytest.param(
-        "ray", id="ray",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not find_spec("ray"), reason="needs Ray (pip install ray)")],
-    ),
-]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", SUBPROCESS_BACKENDS)
 @pytest.mark.timeout(600)
 def test_a_cancelled_flow_run_is_cancelled_within_10_s_with_its_teardown_done(backend, tmp_path, orders):
     from prefect.deployments import run_deployment

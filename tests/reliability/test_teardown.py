@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from importlib.util import find_spec
 from pathlib import Path
 
 import polars as pl
@@ -31,7 +30,7 @@ from prefect_cudf_polars.blocks import (
 )
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from nvidia_smi import device_memory_used_mib, wait_back_to
-from process_worker import cancel_and_wait, process_worker_deployment
+from process_worker import SUBPROCESS_BACKENDS, cancel_and_wait, process_worker_deployment
 from processes import pid_alive
 from reliability_fixtures import engine_block, torn_down, subprocess_env  # noqa: F401 (pytest fixtures)
 
@@ -41,16 +40,6 @@ END_LINE = re.compile(
     r"released unconsumed (\d+); (?:host store|device memory \(rmm statistics\)) at start "
     r"(\S+), before shutdown (\S+),.* on thread (\S+)$"
 )
-#: The flow process owns the engine: for dask its LocalCUDACluster, for ray the local Ray.
-SUBPROCESS_BACKENDS = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("spmd", id="spmd", marks=pytest.mark.gpu),
-    pytest.param("dask", id="dask", marks=pytest.mark.gpu),
-    pytest.param(
-        "ray", id="ray",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not find_spec("ray"), reason="needs Ray (pip install ray)")],
-    ),
-]
 
 
 def test_success(engine_block, orders, torn_down):
