@@ -67,3 +67,15 @@ def events_of(flow_run_id, *, expect: dict[str, int], timeout: float = 30.0) -> 
 def related_ids(event: Any, role: str) -> list[str]:
     """Ids of an event's related resources of one role."""
     return [r.id for r in event.related if r.role == role]
+
+
+def flow_runs_of_flow(flow_name: str) -> list[Any]:
+    """The flow runs of the flow named ``flow_name``, oldest first (for a flow whose call raised)."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            sort=FlowRunSort.START_TIME_ASC,
+        )

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from importlib.util import find_spec
 from pathlib import Path
 
 import polars as pl
@@ -31,7 +30,8 @@ from prefect_cudf_polars.blocks import (
 from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from nvidia_smi import device_memory_used_mib, wait_back_to
-from processes import child_pids, pid_alive, stop
+from process_worker import SUBPROCESS_BACKENDS, cancel_and_wait, process_worker_deployment
+from processes import pid_alive
 from reliability_fixtures import engine_block, torn_down, subprocess_env  # noqa: F401 (pytest fixtures)
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -40,16 +40,6 @@ END_LINE = re.compile(
     r"released unconsumed (\d+); (?:host store|device memory \(rmm statistics\)) at start "
     r"(\S+), before shutdown (\S+),.* on thread (\S+)$"
 )
-#: The flow process owns the engine: for dask its LocalCUDACluster, for ray the local Ray.
-SUBPROCESS_BACKENDS = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param("spmd", id="spmd", marks=pytest.mark.gpu),
-    pytest.param("dask", id="dask", marks=pytest.mark.gpu),
-    pytest.param(
-        "ray", id="ray",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not find_spec("ray"), reason="needs Ray (pip install ray)")],
-    ),
-]
 
 
 def test_success(engine_block, orders, torn_down):
@@ -248,51 +238,23 @@ def test_sigterm_to_the_flow_process(backend, tmp_path, orders, subprocess_env):
 
 @pytest.mark.parametrize("backend", SUBPROCESS_BACKENDS)
 def test_cancelling_a_deployments_flow_run_while_a_worker_runs_it(backend, tmp_path, orders, subprocess_env):
-    from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.deployments import run_deployment
-    from prefect.states import Cancelling
 
     pool = f"teardown-{tmp_path.name}"[:50]
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
-        flow_id = client.create_flow_from_name("hold-results")
-        client.create_deployment(
-            flow_id=flow_id,
-            name=pool,
-            work_pool_name=pool,
-            entrypoint="flow_until_signalled.py:hold_results",
-            path=str(SCRIPTS),
-            pull_steps=[
-                {"prefect.deployments.steps.set_working_directory": {"directory": str(SCRIPTS)}}
-            ],
-            parameters={"evidence": str(tmp_path), "path": str(orders)},
-        )
     device_memory_before = device_memory_used_mib() if backend != "cpu" else None
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
-        env={**subprocess_env, "PREFECT_CUDF_POLARS_TEST_BACKEND": backend},
-        stdout=(tmp_path / "worker.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with process_worker_deployment(
+        pool, flow_name="hold-results", entrypoint="flow_until_signalled.py:hold_results", folder=SCRIPTS,
+        parameters={"evidence": str(tmp_path), "path": str(orders)},
+        env={**subprocess_env, "PREFECT_CUDF_POLARS_TEST_BACKEND": backend}, log=tmp_path / "worker.log",
+    ) as worker:
         flow_run = run_deployment(f"hold-results/{pool}", timeout=0)
         ready = _wait_for(tmp_path / "ready.json", worker)
         assert ready["flow_run_id"] == str(flow_run.id)
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_state(flow_run.id, Cancelling())
-            cancelling = time.monotonic()
-            while not (state := client.read_flow_run(flow_run.id).state).is_final():
-                assert time.monotonic() < cancelling + 120, f"still {state.type} after 120 s"
-                time.sleep(0.5)
-        print(f"{backend}: Cancelling to {state.type.value} in {time.monotonic() - cancelling:.1f} s")
+        state, seconds = cancel_and_wait(flow_run.id)
+        print(f"{backend}: Cancelling to {state.type.value} in {seconds:.1f} s")
         assert state.is_cancelled(), state
         assert worker.poll() is None  # the worker survives the cancellation
         if device_memory_before is not None:
             # Whatever the teardown did, every process that held device memory has ended.
             wait_back_to(device_memory_before, 60, "device memory back to its figure before")
         _assert_flow_process_torn_down(tmp_path, ready, backend, group_killed=True)
-    finally:
-        worker_tree = child_pids(worker.pid) if worker.poll() is None else set()
-        stop([worker], timeout=60)
-    time.sleep(1)
-    assert not [p for p in worker_tree if pid_alive(p)], "worker processes left behind"
