@@ -1,0 +1,244 @@
+"""
+The monitor's writer: one thread per process that sends what engine sessions show the UI.
+
+A GPU task's thread only puts a small record on the writer's queue
+(:meth:`MonitorWriter.put`); the writer builds and emits the events and writes
+the artifacts, off every task's critical path.
+
+Developer notes
+---------------
+* One daemon thread runs an asyncio loop with one Prefect client per API URL,
+  reused for the life of the process (not a client per artifact). Events are
+  emitted in the order they were put (Prefect's own events worker sends them
+  on). Result artifacts are written by :data:`CONCURRENCY` coroutines, so that
+  many requests are in flight on the API at once; Prefect 3.9 has no bulk
+  artifact endpoint. A session's summary artifact does not queue behind them.
+* :meth:`MonitorWriter.drain` waits, bounded, until everything put is written;
+  a session's end waits for its own records at most ~1 s
+  (:data:`~prefect_cudf_polars.blocks.monitoring.monitor.END_WAIT_S`), and the
+  session room's exit hook drains the rest at interpreter exit, *before*
+  Prefect's events worker drains (see
+  :mod:`~prefect_cudf_polars.blocks.session.exit_hook`); for that,
+  :func:`ensure_events_worker` starts Prefect's events worker before that
+  hook is registered.
+* The thread starts with an empty context, so nothing it sends carries (or
+  keeps alive) a flow run's context: every record names its runs by id.
+* Nothing here raises into a session: failures are logged at WARNING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("prefect_cudf_polars.monitoring")
+
+#: Artifact writes in flight at once.
+CONCURRENCY = 4
+
+
+class Record:
+    """
+    One thing to send: an event (``send`` is sync) or an artifact (``build`` makes its ``ArtifactCreate``).
+
+    Parameters
+    ----------
+    send : callable, optional
+        Emits an event (runs on the writer's thread).
+    build : callable, optional
+        Returns the ``prefect.client.schemas.actions.ArtifactCreate`` to write.
+    urgent : bool
+        Written at once, not behind the result artifacts (a session's summary).
+    on_done : callable, optional
+        Called on the writer's thread once the record is sent (or failed).
+    """
+
+    __slots__ = ("api_url", "build", "on_done", "send", "urgent")
+
+    def __init__(
+        self,
+        *,
+        send: Callable[[], None] | None = None,
+        build: Callable[[], Any] | None = None,
+        urgent: bool = False,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        from prefect.settings import PREFECT_API_URL
+
+        self.send, self.build, self.urgent, self.on_done = send, build, urgent, on_done
+        self.api_url = PREFECT_API_URL.value()
+
+
+class Pending:
+    """A count of things under way, and a bounded wait for it to reach zero (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._zero = threading.Condition()
+
+    def add(self) -> None:
+        """One more under way."""
+        with self._zero:
+            self.count += 1
+
+    def done(self) -> None:
+        """One fewer under way."""
+        with self._zero:
+            self.count -= 1
+            if not self.count:
+                self._zero.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until none is under way, at most ``timeout`` seconds; True when none is."""
+        deadline = time.monotonic() + timeout
+        with self._zero:
+            while self.count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._zero.wait(left)
+        return True
+
+
+class MonitorWriter:
+    """The process-wide queue and thread that send monitor records (see the module notes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: asyncio.Queue[Record] | None = None
+        self._pending = Pending()
+
+    def put(self, record: Record) -> None:
+        """Queue ``record`` (starts the writer's thread on first use); never raises."""
+        try:
+            loop, inbox = self._started()
+            self._pending.add()
+            loop.call_soon_threadsafe(inbox.put_nowait, record)
+        except Exception as exc:  # pragma: no cover - a dead loop, at interpreter exit
+            logger.warning("Could not queue a cudf-polars monitoring record: %s", exc)
+            self._finish(record)
+
+    def drain(self, timeout: float) -> bool:
+        """
+        Wait until every record put so far is sent, at most ``timeout`` seconds.
+
+        Returns
+        -------
+        bool
+            True when nothing is left.
+        """
+        return self._pending.wait(timeout)
+
+    @property
+    def outstanding(self) -> int:
+        """Records put and not yet sent."""
+        return self._pending.count
+
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[Record]]:
+        with self._lock:
+            if self._loop is None:
+                ready = threading.Event()
+                thread = threading.Thread(
+                    target=self._serve, args=(ready,), name="cudf-polars-monitor", daemon=True
+                )
+                thread.start()
+                ready.wait()
+            assert self._loop is not None and self._inbox is not None
+            return self._loop, self._inbox
+
+    def _serve(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._inbox = asyncio.Queue()
+        self._loop = loop
+        ready.set()
+        loop.run_until_complete(self._main(self._inbox))
+
+    async def _main(self, inbox: asyncio.Queue[Record]) -> None:
+        artifacts: asyncio.Queue[Record] = asyncio.Queue()
+        clients: dict[Any, Any] = {}
+        urgent: set[asyncio.Task[None]] = set()
+        for _ in range(CONCURRENCY):
+            asyncio.ensure_future(self._artifact_worker(artifacts, clients))
+        while True:
+            record = await inbox.get()
+            if record.send is not None:
+                try:
+                    record.send()
+                except Exception as exc:
+                    logger.warning("Could not emit a cudf-polars event: %s", exc)
+                self._finish(record)
+            elif record.urgent:
+                task = asyncio.ensure_future(self._write(record, clients))
+                urgent.add(task)
+                task.add_done_callback(urgent.discard)
+            else:
+                artifacts.put_nowait(record)
+            del record  # a sent record keeps nothing alive while the loop waits
+
+    async def _artifact_worker(self, artifacts: asyncio.Queue[Record], clients: dict[Any, Any]) -> None:
+        while True:
+            record = await artifacts.get()
+            await self._write(record, clients)
+            del record
+
+    async def _write(self, record: Record, clients: dict[Any, Any]) -> None:
+        try:
+            assert record.build is not None
+            artifact = record.build()
+            client = await self._client(record.api_url, clients)
+            await client.create_artifact(artifact=artifact)
+        except Exception as exc:
+            logger.warning("Could not write a cudf-polars artifact: %s", exc)
+        finally:
+            self._finish(record)
+
+    async def _client(self, api_url: Any, clients: dict[Any, Any]) -> Any:
+        client = clients.get(api_url)
+        if client is None:
+            from prefect.client.orchestration import get_client
+            from prefect.settings import PREFECT_API_URL, temporary_settings
+
+            if api_url is not None:
+                with temporary_settings({PREFECT_API_URL: api_url}):
+                    client = get_client()
+            else:
+                client = get_client()
+            await client.__aenter__()
+            clients[api_url] = client
+        return client
+
+    def _finish(self, record: Record) -> None:
+        try:
+            if record.on_done is not None:
+                record.on_done()
+        finally:
+            self._pending.done()
+
+
+#: The one writer of this process.
+WRITER = MonitorWriter()
+
+
+def ensure_events_worker() -> None:
+    """
+    Start Prefect's events worker now, if this process emits events.
+
+    Prefect's worker registers its exit drain when it starts; starting it
+    before our own exit hook is registered makes ours run first (threading's
+    exit callbacks run last-registered first), while the events worker still
+    sends. Started in an empty context, so it keeps no flow run's context.
+    """
+    try:
+        from prefect.events.worker import EventsWorker, should_emit_events
+
+        if should_emit_events():
+            contextvars.Context().run(EventsWorker.instance)
+    except Exception as exc:  # pragma: no cover - depends on Prefect's settings
+        logger.warning("Could not start Prefect's events worker: %s", exc)
