@@ -21,13 +21,22 @@ from prefect.client.schemas.filters import (
 )
 
 
-def task_runs_of(flow_run_id) -> dict[str, Any]:
-    """The task runs of a flow run, by name."""
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))
-        )
-    return {run.name: run for run in runs}
+def task_runs_of(flow_run_id, *, expect: int = 0, timeout: float = 30.0) -> dict[str, Any]:
+    """
+    The task runs of a flow run, by name.
+
+    Prefect 3.9's API records task runs from their events, a moment after they ran: with
+    ``expect``, poll until that many are there (or ``timeout`` seconds pass).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))
+            )
+        if len(runs) >= expect or time.monotonic() > deadline:
+            return {run.name: run for run in runs}
+        time.sleep(0.5)
 
 
 def artifacts_of(*, flow_run_id=None, task_run_id=None, key: str | None = None) -> list[Any]:

@@ -25,9 +25,9 @@ from slow_queries import sleeping
 SLOW_S = 2.0
 
 
-def task_run_state(future):
+def task_run_state(task_run_id):
     with get_client(sync_client=True) as client:
-        return client.read_task_run(future.task_run_id).state
+        return client.read_task_run(task_run_id).state
 
 
 def test_a_block_session_waits_for_a_task_run_in_its_engine_call(cpu_block, orders):
@@ -43,15 +43,16 @@ def test_a_block_session_waits_for_a_task_run_in_its_engine_call(cpu_block, orde
         with cpu_block.session() as session:
             future = slow_orders.submit(str(orders))
             assert started.wait(60)
-        return session, future, future.wait() or future.state
+        # Prefect resolves futures in a flow's return value to states: return the id too.
+        return session, future.task_run_id, future.wait() or future.state
 
-    session, future, state = exits_early()
+    session, task_run_id, state = exits_early()
     assert state.is_completed(), state
-    assert task_run_state(future).is_completed(), task_run_state(future)
+    assert task_run_state(task_run_id).is_completed(), task_run_state(task_run_id)
     summary = session.summary()
     assert summary["counts"] == {"produced": 1, "consumed": 0, "released_unconsumed": 1}
     assert summary["teardown"] == "complete"
-    assert future.result().state == "released"  # its session has ended since
+    assert state.result().state == "released"  # its session has ended since
 
 
 def test_a_block_session_waits_for_a_chain_submitted_just_before_it_exits(cpu_block, orders):
@@ -60,11 +61,11 @@ def test_a_block_session_waits_for_a_chain_submitted_just_before_it_exits(cpu_bl
         with cpu_block.session() as session:
             produced = execute.submit(pl.scan_parquet(orders), name="produced")
             counted = collect.submit(produced)
-        return session, [produced, counted], counted.result().height
+        return session, [produced.task_run_id, counted.task_run_id], counted.result().height
 
-    session, futures, rows = exits_at_once()
+    session, task_run_ids, rows = exits_at_once()
     assert rows == 1000
-    assert all(task_run_state(f).is_completed() for f in futures), [task_run_state(f) for f in futures]
+    assert all(task_run_state(i).is_completed() for i in task_run_ids), [task_run_state(i) for i in task_run_ids]
     assert session.summary()["counts"] == {"produced": 1, "consumed": 1, "released_unconsumed": 0}
 
 
