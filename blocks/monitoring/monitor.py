@@ -24,9 +24,10 @@ printing. The writer turns the records into the events of
   prints the plans still pending, so no query (which may scan a result of the
   engine) outlives the engine.
 * The session's end puts the summary artifact and ``engine.stopped`` on the
-  queue and waits at most :data:`END_WAIT_S` for the session's records; what
-  is left is written in the background, and at interpreter exit before
-  Prefect's own services stop.
+  queue (ahead of the result artifacts) and waits at most :data:`END_WAIT_S`
+  for them, and for the session's other records if no more than
+  :data:`SMALL_BACKLOG` are left; the rest is written in the background, and at
+  interpreter exit before Prefect's own services stop.
 * :attr:`SessionMonitor.options` switches parts off (:class:`MonitorOptions`);
   :data:`DEFAULT_OPTIONS` is what new sessions start from.
 """
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from prefect_cudf_polars.blocks.monitoring import artifacts, events
-from prefect_cudf_polars.blocks.monitoring.writer import WRITER, Pending, Record
+from prefect_cudf_polars.blocks.monitoring.writer import WRITER, Pending, Record, current_api_url
 from prefect_cudf_polars.blocks.results.run_identity import current_task_run_id
 
 if TYPE_CHECKING:
@@ -52,6 +54,10 @@ logger = logging.getLogger("prefect_cudf_polars.monitoring")
 
 #: Seconds a session's end waits at most for its events and artifacts to be sent.
 END_WAIT_S = 1.0
+#: Records a session's end still waits for, within END_WAIT_S, once its summary artifact
+#: and ``engine.stopped`` are sent; with more pending, the end returns and they are
+#: written in the background.
+SMALL_BACKLOG = 16
 
 
 @dataclasses.dataclass
@@ -160,18 +166,34 @@ class SessionMonitor:
         self._producers: dict[str, Any] = {}
         self._started_sent = False
         self._pending = Pending()
+        self._urgent = Pending()
+        self._api_url = current_api_url()
+        self._holding = False
         self._unprinted: weakref.WeakSet[ResultArtifact] = weakref.WeakSet()
 
     # ---- the queue ---------------------------------------------------------------
     def _put(self, *, send: Any = None, build: Any = None, urgent: bool = False) -> None:
+        if send is None and build is None:
+            return
         self._pending.add()
-        WRITER.put(Record(send=send, build=build, urgent=urgent, on_done=self._pending.done))
+        if urgent:
+            self._urgent.add()
+        WRITER.put(Record(send=send, build=build, urgent=urgent, on_done=self._urgent_done if urgent else self._pending.done, api_url=self._api_url))
+
+    def _urgent_done(self) -> None:
+        self._urgent.done()
+        self._pending.done()
+
+    def _sender(self, name: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> Any:
+        """What emits one event on the writer's thread (``None`` with events switched off)."""
+        if not self.options.events:
+            return None
+        # Detached: Prefect's events worker would otherwise add the run context its
+        # own thread saw last; every record names its runs explicitly.
+        return lambda: events.emit(name, resource, related=related, payload=payload, detached=True)
 
     def _event(self, name: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> None:
-        if self.options.events:
-            # Detached: Prefect's events worker would otherwise add the run context its
-            # own thread saw last; every record names its runs explicitly.
-            self._put(send=lambda: events.emit(name, resource, related=related, payload=payload, detached=True))
+        self._put(send=self._sender(name, resource, related, payload))
 
     def flush(self, timeout: float = END_WAIT_S) -> bool:
         """
@@ -233,7 +255,7 @@ class SessionMonitor:
     def _result_created(self, result: GPUResult, lf: pl.LazyFrame | None, memory_after: int | None) -> None:
         task_run_id = current_task_run_id()
         self._producers[result.id] = task_run_id
-        self._event(
+        send = self._sender(
             events.RESULT_CREATED,
             events.result_resource(result),
             events.run_resources(self.flow_run_id, task_run_id),
@@ -248,14 +270,16 @@ class SessionMonitor:
             },
         )
         if not self.options.result_artifacts or (task_run_id is None and self.flow_run_id is None):
-            return  # switched off, or outside any Prefect run: nothing to attach an artifact to
+            # Switched off, or outside any Prefect run: nothing to attach an artifact to.
+            self._put(send=send)
+            return
         record = ResultArtifact(
             ResultFacts(result), lf, memory_after, list(self._description.get("gpus", [])),
             self.flow_run_id, task_run_id, plans=self.options.plans,
         )
         if record.query is not None:
             self._unprinted.add(record)
-        self._put(build=record.build)
+        self._put(send=send, build=record.build)  # one record: the event, then the artifact
 
     def result_consumed(self, result: GPUResult) -> None:
         """A result was claimed by its reader: queue ``result.consumed``."""
@@ -303,15 +327,26 @@ class SessionMonitor:
             record.print_plan()
         self._unprinted = weakref.WeakSet()
 
+    def ending(self) -> None:
+        """The session's teardown starts: hold background result artifacts until :meth:`ended`."""
+        WRITER.hold_artifacts()
+        self._holding = True
+
     def ended(self, summary: dict[str, Any], *, dashboard: str | None, wait: float = END_WAIT_S) -> None:
         """
         The session closed: queue the keyed summary artifact and ``engine.stopped``.
 
         Then waits at most ``wait`` seconds for the session's records to be sent.
         """
+        if self._holding:
+            self._holding = False
+            WRITER.release_artifacts()
         try:
+            deadline = time.monotonic() + wait
             self._ended(summary, dashboard)
-            self.flush(wait)
+            # The summary and engine.stopped first; the rest only if little is left.
+            if self._urgent.wait(wait) and self._pending.count <= SMALL_BACKLOG:
+                self._pending.wait(max(deadline - time.monotonic(), 0.0))
         except Exception as exc:  # monitoring never fails the session's teardown
             logger.warning("Could not report the end of engine session %s: %s", self.session_id, exc)
 
@@ -329,9 +364,10 @@ class SessionMonitor:
                 flow_run_id=self.flow_run_id,
             )
             self._put(build=lambda: artifact, urgent=True)
-        self._event(
+        stopped = self._sender(
             events.ENGINE_STOPPED,
             events.session_resource(self.session_id, self._backend),
             events.run_resources(self.flow_run_id),
             {**summary, "dashboard": dashboard},
         )
+        self._put(send=stopped, urgent=True)

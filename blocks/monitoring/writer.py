@@ -8,9 +8,9 @@ the artifacts, off every task's critical path.
 Developer notes
 ---------------
 * One daemon thread runs an asyncio loop with one Prefect client per API URL,
-  reused for the life of the process (not a client per artifact). Events are
-  emitted in the order they were put (Prefect's own events worker sends them
-  on). Result artifacts are written by :data:`CONCURRENCY` coroutines, so that
+  reused for the life of the process (not a client per artifact). A record
+  joins a buffer, and the loop is woken once per burst. Events are emitted in
+  the order they were put (Prefect's own events worker sends them on). Result artifacts are written by :data:`CONCURRENCY` coroutines, so that
   many requests are in flight on the API at once; Prefect 3.9 has no bulk
   artifact endpoint. A session's summary artifact does not queue behind them.
 * :meth:`MonitorWriter.drain` waits, bounded, until everything put is written;
@@ -33,6 +33,7 @@ import contextvars
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +45,7 @@ CONCURRENCY = 4
 
 class Record:
     """
-    One thing to send: an event (``send`` is sync) or an artifact (``build`` makes its ``ArtifactCreate``).
+    One thing to send: an event (``send``), an artifact (``build``), or both (the event first).
 
     Parameters
     ----------
@@ -53,9 +54,11 @@ class Record:
     build : callable, optional
         Returns the ``prefect.client.schemas.actions.ArtifactCreate`` to write.
     urgent : bool
-        Written at once, not behind the result artifacts (a session's summary).
+        The artifact is written at once, not behind the result artifacts (a session's summary).
     on_done : callable, optional
         Called on the writer's thread once the record is sent (or failed).
+    api_url : str or None
+        The Prefect API to write the artifact to (``PREFECT_API_URL`` where the record was made).
     """
 
     __slots__ = ("api_url", "build", "on_done", "send", "urgent")
@@ -67,11 +70,17 @@ class Record:
         build: Callable[[], Any] | None = None,
         urgent: bool = False,
         on_done: Callable[[], None] | None = None,
+        api_url: str | None = None,
     ) -> None:
-        from prefect.settings import PREFECT_API_URL
-
         self.send, self.build, self.urgent, self.on_done = send, build, urgent, on_done
-        self.api_url = PREFECT_API_URL.value()
+        self.api_url = api_url
+
+
+def current_api_url() -> str | None:
+    """``PREFECT_API_URL`` here (read once per session, not per record: it costs ~15 µs)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
 
 
 class Pending:
@@ -111,15 +120,56 @@ class MonitorWriter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._inbox: asyncio.Queue[Record] | None = None
+        self._artifacts: asyncio.Queue[Record] | None = None
+        self._buffer: deque[Record] = deque()
+        self._wakeup_sent = False
         self._pending = Pending()
+        self._clients: dict[Any, Any] = {}
+        self._urgent: set[asyncio.Future[None]] = set()
+        self._holds = 0
+        self._go: asyncio.Event | None = None
+
+    def hold_artifacts(self) -> None:
+        """
+        Start no new result artifact until :meth:`release_artifacts` (calls nest).
+
+        A session's teardown holds them, so that building and writing artifacts
+        in the background does not slow the teardown down (one process, one GIL;
+        the local API on the same cores).
+        """
+        with self._lock:
+            self._holds += 1
+            first = self._holds == 1
+        if first and self._loop is not None and self._go is not None:
+            self._loop.call_soon_threadsafe(self._go.clear, context=contextvars.Context())
+
+    def release_artifacts(self) -> None:
+        """Undo one :meth:`hold_artifacts`."""
+        with self._lock:
+            self._holds = max(self._holds - 1, 0)
+            last = self._holds == 0
+        if last and self._loop is not None and self._go is not None:
+            self._loop.call_soon_threadsafe(self._go.set, context=contextvars.Context())
 
     def put(self, record: Record) -> None:
-        """Queue ``record`` (starts the writer's thread on first use); never raises."""
+        """
+        Queue ``record`` (starts the writer's thread on first use); never raises.
+
+        The record joins a buffer; the writer's loop is woken only when it is
+        not already due to take the buffer, so a burst of records costs one
+        wake-up.
+        """
+        self._pending.add()
         try:
-            loop, inbox = self._started()
-            self._pending.add()
-            loop.call_soon_threadsafe(inbox.put_nowait, record)
+            loop = self._started()
+            with self._lock:
+                self._buffer.append(record)
+                if self._wakeup_sent:
+                    return
+                self._wakeup_sent = True
+            # In an empty context: nothing the writer sends (or Prefect's events worker
+            # caches with an event) carries the putting thread's flow run or session.
+            loop.call_soon_threadsafe(self._take, context=contextvars.Context())
         except Exception as exc:  # pragma: no cover - a dead loop, at interpreter exit
             logger.warning("Could not queue a cudf-polars monitoring record: %s", exc)
             self._finish(record)
@@ -140,7 +190,10 @@ class MonitorWriter:
         """Records put and not yet sent."""
         return self._pending.count
 
-    def _started(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue[Record]]:
+    def _started(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None:
+            return loop
         with self._lock:
             if self._loop is None:
                 ready = threading.Event()
@@ -149,58 +202,67 @@ class MonitorWriter:
                 )
                 thread.start()
                 ready.wait()
-            assert self._loop is not None and self._inbox is not None
-            return self._loop, self._inbox
+            assert self._loop is not None
+            return self._loop
 
     def _serve(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        self._inbox = asyncio.Queue()
+        self._artifacts = asyncio.Queue()
+        self._go = asyncio.Event()
+        if not self._holds:
+            self._go.set()
+        for _ in range(CONCURRENCY):
+            loop.create_task(self._artifact_worker(self._artifacts))
         self._loop = loop
         ready.set()
-        loop.run_until_complete(self._main(self._inbox))
+        loop.run_forever()
 
-    async def _main(self, inbox: asyncio.Queue[Record]) -> None:
-        artifacts: asyncio.Queue[Record] = asyncio.Queue()
-        clients: dict[Any, Any] = {}
-        urgent: set[asyncio.Task[None]] = set()
-        for _ in range(CONCURRENCY):
-            asyncio.ensure_future(self._artifact_worker(artifacts, clients))
-        while True:
-            record = await inbox.get()
+    def _take(self) -> None:
+        """On the writer's loop: send the buffered events, queue the artifacts."""
+        with self._lock:
+            batch = list(self._buffer)
+            self._buffer.clear()
+            self._wakeup_sent = False
+        assert self._artifacts is not None
+        for record in batch:
             if record.send is not None:
                 try:
                     record.send()
                 except Exception as exc:
                     logger.warning("Could not emit a cudf-polars event: %s", exc)
+            if record.build is None:
                 self._finish(record)
             elif record.urgent:
-                task = asyncio.ensure_future(self._write(record, clients))
-                urgent.add(task)
-                task.add_done_callback(urgent.discard)
+                task = asyncio.ensure_future(self._write(record))
+                self._urgent.add(task)
+                task.add_done_callback(self._urgent.discard)
             else:
-                artifacts.put_nowait(record)
-            del record  # a sent record keeps nothing alive while the loop waits
+                self._artifacts.put_nowait(record)
+        del batch  # a sent record keeps nothing alive while the loop waits
+        record = None
 
-    async def _artifact_worker(self, artifacts: asyncio.Queue[Record], clients: dict[Any, Any]) -> None:
+    async def _artifact_worker(self, artifacts: asyncio.Queue[Record]) -> None:
+        assert self._go is not None
         while True:
             record = await artifacts.get()
-            await self._write(record, clients)
+            await self._go.wait()
+            await self._write(record)
             del record
 
-    async def _write(self, record: Record, clients: dict[Any, Any]) -> None:
+    async def _write(self, record: Record) -> None:
         try:
             assert record.build is not None
             artifact = record.build()
-            client = await self._client(record.api_url, clients)
+            client = await self._client(record.api_url)
             await client.create_artifact(artifact=artifact)
         except Exception as exc:
             logger.warning("Could not write a cudf-polars artifact: %s", exc)
         finally:
             self._finish(record)
 
-    async def _client(self, api_url: Any, clients: dict[Any, Any]) -> Any:
-        client = clients.get(api_url)
+    async def _client(self, api_url: Any) -> Any:
+        client = self._clients.get(api_url)
         if client is None:
             from prefect.client.orchestration import get_client
             from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -211,7 +273,7 @@ class MonitorWriter:
             else:
                 client = get_client()
             await client.__aenter__()
-            clients[api_url] = client
+            self._clients[api_url] = client
         return client
 
     def _finish(self, record: Record) -> None:

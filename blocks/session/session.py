@@ -63,7 +63,7 @@ from prefect_cudf_polars.blocks.backends.choice import resolve_backend, start_ba
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.errors import SessionError
-from prefect_cudf_polars.blocks.monitoring.monitor import SessionMonitor
+from prefect_cudf_polars.blocks.monitoring.monitor import END_WAIT_S, SessionMonitor
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.result import EndedSession, GPUResult
 from prefect_cudf_polars.blocks.results.run_identity import current_task_run_id
@@ -390,6 +390,8 @@ class EngineSession:
         limit = self.block.teardown_timeout
         if terminating:
             limit = min(limit, TERMINATING_TEARDOWN_S)
+        started = time.monotonic()
+        self.monitor.ending()
         try:
             still = self._served.wait(limit)
             live = self._registry.close()
@@ -409,7 +411,9 @@ class EngineSession:
             self._log.log(logging.WARNING, lines.SERVED_WARNING, self.id, still, limit)
         if self.teardown != "complete":
             self._log.log(logging.WARNING, lines.TEARDOWN_WARNING, self.teardown)
-        self.monitor.ended(summary, dashboard=self.description.get("dashboard"))
+        # The whole end waits at most END_WAIT_S for the monitor (teardown included).
+        wait = max(END_WAIT_S - (time.monotonic() - started), 0.1)
+        self.monitor.ended(summary, dashboard=self.description.get("dashboard"), wait=wait)
         self._forget(complete=self.teardown == "complete")
         return summary
 
