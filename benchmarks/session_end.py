@@ -25,11 +25,17 @@ Figures (seconds, ``time.perf_counter``):
 
 The Prefect API is the one ``PREFECT_API_URL`` names, else Prefect's ephemeral local API.
 Prints the JSON it writes to ``--out``.
+
+``--no-result-artifacts``, ``--no-plans``, ``--no-events`` and ``--no-summary-artifact``
+switch the session monitor's parts off (``prefect_cudf_polars.blocks.monitoring.monitor.
+DEFAULT_OPTIONS``), for a breakdown of what each costs; ``artifacts_s`` is then ``None``
+without result artifacts.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -47,6 +53,7 @@ from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner  # noqa: E402
+from prefect_cudf_polars.blocks.monitoring import monitor  # noqa: E402
 from prefect_cudf_polars.tasks import gpu_task  # noqa: E402
 
 ROWS = 1_000
@@ -123,7 +130,11 @@ def measure(results: int, backend: str, artifact_timeout: float) -> dict[str, An
     block = CudfPolarsEngine(backend=backend, raise_on_fail=True)
     plain = _timed_flow(plain_step, results, ThreadPoolTaskRunner(), "session-end-plain")
     ours = _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), "session-end-ours")
-    found_at = _wait_for_result_artifacts(ours["flow_run_id"], results, artifact_timeout)
+    found_at = (
+        _wait_for_result_artifacts(ours["flow_run_id"], results, artifact_timeout)
+        if monitor.DEFAULT_OPTIONS.result_artifacts
+        else None
+    )
     ours["artifacts_s"] = None if found_at is None else found_at - ours["returned_at"]
     for run in (plain, ours):
         del run["returned_at"]
@@ -133,6 +144,7 @@ def measure(results: int, backend: str, artifact_timeout: float) -> dict[str, An
         "plain": plain,
         "ours": ours,
         "session_end_added_s": ours["end_s"] - plain["end_s"],
+        "monitoring": dataclasses.asdict(monitor.DEFAULT_OPTIONS),
         "cpus": os.cpu_count(),
     }
 
@@ -144,7 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--artifact-timeout", type=float, default=900.0,
                         help="seconds to wait for the result artifacts after the flow run")
     parser.add_argument("--out", type=Path, help="JSON file to write")
+    for part in ("result-artifacts", "plans", "events", "summary-artifact"):
+        parser.add_argument(f"--no-{part}", action="store_true", help=f"switch the monitor's {part.replace('-', ' ')} off")
     args = parser.parse_args(argv)
+    monitor.DEFAULT_OPTIONS = monitor.MonitorOptions(
+        result_artifacts=not args.no_result_artifacts,
+        plans=not args.no_plans,
+        events=not args.no_events,
+        summary_artifact=not args.no_summary_artifact,
+    )
     figures = measure(args.results, args.backend, args.artifact_timeout)
     text = json.dumps(figures, indent=2)
     if args.out is not None:
