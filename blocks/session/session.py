@@ -48,11 +48,13 @@ The rules, and where each is kept:
 from __future__ import annotations
 
 import contextvars
+import gc
 import logging
 import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -78,6 +80,8 @@ if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 T = TypeVar("T")
+
+logger = logging.getLogger("prefect_cudf_polars.session")
 
 #: Seconds the teardown waits for the engine at most when the flow run is being
 #: stopped (SIGTERM): a Prefect process worker checks every 3 s whether the run's
@@ -153,6 +157,11 @@ class EngineSession:
         self._token: contextvars.Token[Any] | None = None
         self._announced = False
         self._teardown_step = ""
+        self._engine_ref: Callable[[], Any] | None = None
+        #: How the engine's objects were freed at the end (see :meth:`summary`).
+        self.engine_freed: str | None = None
+        #: Seconds :meth:`close` took (waiting for served task runs, teardown, monitor), once closed.
+        self.end_seconds: float | None = None
 
     # ---- lifecycle -------------------------------------------------------
     def __enter__(self) -> EngineSession:
@@ -253,6 +262,10 @@ class EngineSession:
         started = time.perf_counter()
         self._running = running = start_backend(self.backend, self.block)  # type: ignore[arg-type]
         self.timings["engine_start_s"] = time.perf_counter() - started
+        try:
+            self._engine_ref = weakref.ref(running.engine)
+        except TypeError:  # an engine object without weak references: not checked
+            self._engine_ref = None
         self.description = running.describe()
         self._memory.record("at_start", running)
 
@@ -415,6 +428,7 @@ class EngineSession:
         wait = max(END_WAIT_S - (time.monotonic() - started), 0.1)
         self.monitor.ended(summary, dashboard=self.description.get("dashboard"), wait=wait)
         self._forget(complete=self.teardown == "complete")
+        self.end_seconds = time.monotonic() - started
         return summary
 
     def _teardown_with_limit(self, live: list[GPUResult], limit: float) -> None:
@@ -451,6 +465,31 @@ class EngineSession:
         finally:
             self._teardown_step = "shutting the engine down"
             self._shutdown_on_owner()
+            self._check_engine_freed()
+
+    def _check_engine_freed(self) -> None:
+        """
+        After the shutdown, on the owner thread: is the engine object gone?
+
+        The session drops every reference of its own, so reference counting
+        frees the engine (and with it the memory resource that keeps freed
+        device memory pooled). If something still holds it, a reference cycle
+        does (or a user's reference): the fallback is one ``gc.collect()`` here,
+        and ``summary()["engine_freed"]`` says which happened.
+        """
+        ref, self._engine_ref = self._engine_ref, None
+        if ref is None:
+            return
+        if ref() is None:
+            self.engine_freed = "by reference counting"
+            return
+        found = gc.collect()
+        self.engine_freed = "by gc.collect()" if ref() is None else "still held after gc.collect()"
+        logger.info(
+            "cudf-polars engine of session %s not freed by reference counting; gc.collect() "
+            "found %d unreachable objects, engine %s",
+            self.id, found, self.engine_freed,
+        )
 
     def _stop_engine(self) -> None:
         """Shut the engine down on the owner thread and end that thread (a failed open)."""
@@ -501,8 +540,11 @@ class EngineSession:
             shutdown, rmm statistics on GPU backends), ``peak_memory`` (bytes, the
             highest reading after an engine call), ``peak_memory_per_rank``
             (bytes per rank, where ranks are read apart), ``timings`` (seconds),
-            ``shutdown_thread`` and ``teardown`` (``"complete"``, or what the
-            teardown was doing when it stopped waiting for the engine).
+            ``shutdown_thread``, ``teardown`` (``"complete"``, or what the
+            teardown was doing when it stopped waiting for the engine) and
+            ``engine_freed`` (``"by reference counting"``, ``"by gc.collect()"``
+            when a reference cycle held the engine after its shutdown, or
+            ``None`` when the session did not start it).
         """
         return {
             "session_id": self.id,
@@ -515,6 +557,7 @@ class EngineSession:
             "timings": dict(self.timings),
             "shutdown_thread": self.shutdown_thread,
             "teardown": self.teardown,
+            "engine_freed": self.engine_freed,
         }
 
     # ---- the owner thread --------------------------------------------------

@@ -60,11 +60,12 @@ def leaves_two_results() -> None:
 
 def main() -> dict:
     gc.disable()
-    out: dict = {"rows": ROWS, "driver_used_at_start": driver_used(), "driver_used_after_run": [], "rmm_before_shutdown": []}
+    out: dict = {"rows": ROWS, "driver_used_at_start": driver_used(), "driver_used_after_run": [], "rmm_before_shutdown": [], "engine_freed": []}
     for _ in range(RUNS):
         leaves_two_results()
         session = ends.pop()
         out["rmm_before_shutdown"].append(session.summary()["memory"]["before_shutdown"])
+        out["engine_freed"].append(session.summary()["engine_freed"])
         del session
         out["driver_used_after_run"].append(settled_driver_used())
         print(json.dumps(out), flush=True)
