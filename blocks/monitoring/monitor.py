@@ -24,10 +24,11 @@ printing. The writer turns the records into the events of
   prints the plans still pending, so no query (which may scan a result of the
   engine) outlives the engine.
 * The session's end puts the summary artifact and ``engine.stopped`` on the
-  queue (ahead of the result artifacts) and waits at most :data:`END_WAIT_S`
-  for them, and for the session's other records if no more than
-  :data:`SMALL_BACKLOG` are left; the rest is written in the background, and at
-  interpreter exit before Prefect's own services stop.
+  queue (ahead of the result artifacts) and, when no more than
+  :data:`SMALL_BACKLOG` other records are pending, waits at most
+  :data:`END_WAIT_S` for all of them; otherwise it returns at once. What is
+  left is written in the background, and at interpreter exit before Prefect's
+  own services stop.
 * :attr:`SessionMonitor.options` switches parts off (:class:`MonitorOptions`);
   :data:`DEFAULT_OPTIONS` is what new sessions start from.
 """
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -54,9 +54,9 @@ logger = logging.getLogger("prefect_cudf_polars.monitoring")
 
 #: Seconds a session's end waits at most for its events and artifacts to be sent.
 END_WAIT_S = 1.0
-#: Records a session's end still waits for, within END_WAIT_S, once its summary artifact
-#: and ``engine.stopped`` are sent; with more pending, the end returns and they are
-#: written in the background.
+#: Most result records still pending for which a session's end waits (within END_WAIT_S);
+#: with more, it returns at once and everything is written in the background, the summary
+#: artifact and ``engine.stopped`` first.
 SMALL_BACKLOG = 16
 
 
@@ -342,11 +342,12 @@ class SessionMonitor:
             self._holding = False
             WRITER.release_artifacts()
         try:
-            deadline = time.monotonic() + wait
             self._ended(summary, dashboard)
-            # The summary and engine.stopped first; the rest only if little is left.
-            if self._urgent.wait(wait) and self._pending.count <= SMALL_BACKLOG:
-                self._pending.wait(max(deadline - time.monotonic(), 0.0))
+            # With a long backlog (many results still being written, on an API that is busy
+            # with them), waiting would only add its whole bound to the flow run's end: the
+            # summary and engine.stopped go ahead of the backlog in the background instead.
+            if self._pending.count - self._urgent.count <= SMALL_BACKLOG:
+                self._pending.wait(wait)
         except Exception as exc:  # monitoring never fails the session's teardown
             logger.warning("Could not report the end of engine session %s: %s", self.session_id, exc)
 
