@@ -1,38 +1,62 @@
 """
-``CudfPolarsTaskRunner``: a thread-pool task runner that owns one engine session per flow run.
+``CudfPolarsTaskRunner``: a thread-pool task runner that provides one engine session per flow run.
 
 Developer notes
 ---------------
 Prefect calls :meth:`CudfPolarsTaskRunner.duplicate` for every flow run and
-every attempt, and enters the copy before the flow run's context exists; the
-copy opens the session on ``__enter__`` and closes it on ``__exit__``, which
-Prefect runs on success, on exceptions and on ``TerminationSignal`` (SIGTERM).
-Each attempt of a retried flow run therefore gets a fresh session, and the
-failed attempt's results are released before the next attempt starts.
+every attempt, and enters the copy *before* the flow run's context exists
+(Prefect 3.9, ``flow_engine.py``: ``FlowRunEngine.setup_run_context``), outside
+the code that turns an exception into a Failed state. So ``__enter__`` starts
+nothing that can fail: it only makes the runner the innermost session
+provider (:mod:`~prefect_cudf_polars.blocks.active`). The engine opens at the
+first GPU call inside the flow run (:meth:`CudfPolarsTaskRunner.provide_session`,
+under a lock, once): an engine that cannot start raises inside the run, so
+Prefect fails that task run and the flow run with our message, and every
+later GPU call of the run gets the same error. A flow run with no GPU call
+starts no engine, and says so in one line (:meth:`CudfPolarsTaskRunner.__exit__`).
+
+``__exit__`` runs on success, on exceptions and on ``TerminationSignal``
+(SIGTERM); after Prefect's thread pool has waited for the task runs, it
+closes the session (at most 3 s for the engine on a termination signal). Each
+attempt of a retried flow run therefore gets a fresh session, and the failed
+attempt's results are released before the next attempt starts.
 ``on_cancellation`` hooks run in another process under a worker, so they could
 not free GPU memory; this runner does not rely on them.
+
+A subflow with its own runner gets its own session; where its engine comes
+from (its parent's, its own, or an error) is :mod:`~prefect_cudf_polars.blocks.session.nesting`'s rule.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from prefect_cudf_polars.blocks.active import enter_provider, innermost_provider, leave_provider
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine, load_engine_block
+from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.session import EngineSession
+from prefect_cudf_polars.blocks.session.exit_hook import console_logger, is_termination
+from prefect_cudf_polars.blocks.session.lines import NOT_STARTED_LINE
 
 
 class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     """
     Run a flow's tasks in threads next to one cudf-polars engine session.
 
+    The session's engine starts at the first GPU task of the flow run (the
+    first :func:`~prefect_cudf_polars.blocks.get_engine_session` inside it),
+    so that task run carries the engine's start time; a flow run with no GPU
+    task starts no engine.
+
     Parameters
     ----------
     engine
         A :class:`~prefect_cudf_polars.blocks.CudfPolarsEngine` block, or the
-        name of a saved one (loaded when a flow run starts). Default: a new
-        block with ``backend="auto"``.
+        name of a saved one (loaded at the flow run's first GPU task). Default:
+        a new block with ``backend="auto"``.
     max_workers
         Threads for tasks (Prefect's ``ThreadPoolTaskRunner``). Engine calls
         are serialized on the session's owner thread whatever this is.
@@ -40,8 +64,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     Attributes
     ----------
     session : EngineSession or None
-        The flow run's session while the runner is entered (also ``engine_session``,
-        the name :func:`~prefect_cudf_polars.blocks.get_engine_session` looks for).
+        The flow run's session once its engine has opened, until the runner
+        exits (also ``engine_session``).
 
     Raises
     ------
@@ -69,10 +93,15 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         super().__init__(max_workers=max_workers)
         self.engine = engine if engine is not None else CudfPolarsEngine()
         self.session: EngineSession | None = None
+        self._open_lock = threading.Lock()
+        self._open_error: BaseException | None = None
+        self._token: Any = None
+        self._parent: Any = None
+        self._flow_run: Any = None
 
     @property
     def engine_session(self) -> EngineSession | None:
-        """The flow run's session while the runner is entered, else ``None``."""
+        """The flow run's session once opened, else ``None``."""
         return self.session
 
     def duplicate(self) -> CudfPolarsTaskRunner:
@@ -86,19 +115,95 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def __enter__(self) -> CudfPolarsTaskRunner:
         super().__enter__()
-        try:
-            self.session = EngineSession(self._block()).open(activate=True)
-        except BaseException:
-            super().__exit__(None, None, None)
-            raise
+        self._parent = innermost_provider()
+        self._token = enter_provider(self)
         return self
+
+    def submit(self, task: Any, parameters: Any, wait_for: Any = None, dependencies: Any = None) -> Any:
+        """Prefect's ``ThreadPoolTaskRunner.submit``; the first call records the flow run (for its log)."""
+        if self._flow_run is None:
+            from prefect.context import FlowRunContext
+
+            ctx = FlowRunContext.get()
+            if ctx is not None and ctx.task_runner is self:
+                self._flow_run = (ctx.flow_run, ctx.flow)
+        return super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
+
+    # ---- as a session provider ---------------------------------------------------
+    @property
+    def provided_session(self) -> EngineSession | None:
+        """The session if it is open now (opens nothing)."""
+        session = self.session
+        return session if session is not None and not session.closed else None
+
+    def provide_session(self) -> EngineSession:
+        """
+        The flow run's session, opening the engine at the first call (once, under a lock).
+
+        Returns
+        -------
+        EngineSession
+
+        Raises
+        ------
+        SessionError
+            When the runner has exited (its flow run is over), or a subflow's
+            session cannot share its parent's GPU.
+        LookupError
+            When the runner names a saved block that does not exist.
+        NoGPUError, Exception
+            Whatever opening the engine raised; every later call raises the same error.
+        """
+        session = self.session
+        if session is None or self._open_error is not None:
+            with self._open_lock:
+                if self._open_error is not None:
+                    raise self._open_error
+                if self.session is None:
+                    if self._token is None:
+                        raise SessionError(
+                            "This CudfPolarsTaskRunner is not running a flow run; GPU tasks "
+                            "find their session inside the flow run that uses the runner."
+                        )
+                    try:
+                        parent = self._parent.provided_session if self._parent is not None else None
+                        self.session = EngineSession(self._block()).open(activate=False, parent=parent)
+                    except BaseException as exc:
+                        self._open_error = exc
+                        raise
+                session = self.session
+        if session.closed:
+            raise SessionError(session.ended_message())
+        return session
+
+    def serve(self, future: Any) -> None:
+        """Nothing to do: Prefect's thread pool waits for its task runs before ``__exit__`` closes the session."""
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         try:
             super().__exit__(exc_type, exc_value, traceback)
         finally:
-            if self.session is not None:
-                self.session.close()
+            try:
+                if self.session is not None:
+                    self.session.close(terminating=is_termination(exc_value))
+                elif self._open_error is None:
+                    self._say_not_started()
+            finally:
+                if self._token is not None:
+                    leave_provider(self._token, self)
+                # What an ended flow run leaves here holds nothing of its engine.
+                self._token = self._parent = self._flow_run = self._open_error = None
+                self.session = None
+
+    def _say_not_started(self) -> None:
+        """One line for a flow run that ran no GPU task: its log if a task was submitted, else the console."""
+        if self._flow_run is not None:
+            from prefect.logging.loggers import flow_run_logger
+
+            flow_run, flow = self._flow_run
+            flow_run_logger(flow_run=flow_run, flow=flow).info(NOT_STARTED_LINE)
+        else:
+            console_logger().info(NOT_STARTED_LINE, extra={"send_to_api": False})
 
     def __eq__(self, value: object) -> bool:
         return (
@@ -109,5 +214,10 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["session"] = None
+        for name in ("session", "_open_lock", "_open_error", "_token", "_parent", "_flow_run"):
+            state[name] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._open_lock = threading.Lock()

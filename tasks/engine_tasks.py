@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import polars as pl
-from prefect import task
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
 from prefect_cudf_polars.blocks.monitoring.run_names import collect_run_name, execute_run_name
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.inputs import as_query, drop_claimed
 from prefect_cudf_polars.tasks.retry_inputs import recompute_for_retry, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.task_defaults import (

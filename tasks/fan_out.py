@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from prefect import task
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
 from prefect_cudf_polars.blocks.results.split import split_result
+from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 

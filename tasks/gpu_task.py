@@ -17,12 +17,13 @@ from collections.abc import Callable
 from typing import Any, overload
 
 import polars as pl
-from prefect import Task, task
+from prefect import Task
 
 from prefect_cudf_polars.blocks import get_engine_session
 from prefect_cudf_polars.blocks.monitoring.run_names import gpu_task_run_name
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+from prefect_cudf_polars.tasks.gpu_task_type import GPUTask
 from prefect_cudf_polars.tasks.inputs import drop_claimed
 from prefect_cudf_polars.tasks.retry_inputs import combined_retry_condition, recompute_for_retry
 from prefect_cudf_polars.tasks.task_defaults import (
@@ -221,7 +222,7 @@ def gpu_task(
             options.pop("result_storage_key", None)
             options.pop("cache_key_fn", None)
             options.update(gpu_task_defaults())
-        return task(run_on_engine, name=name, **options)
+        return GPUTask(fn=run_on_engine, name=name, **options)
 
     if fn is not None:
         return decorate(fn)

@@ -21,17 +21,27 @@ from prefect.client.schemas.filters import (
 )
 
 
-def task_run_list(flow_run_id) -> list[Any]:
-    """Every task run of a flow run (mapped runs included, one entry each)."""
-    with get_client(sync_client=True) as client:
-        return client.read_task_runs(
-            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))
-        )
+def task_run_list(flow_run_id, *, expect: int = 0, timeout: float = 30.0) -> list[Any]:
+    """
+    Every task run of a flow run (mapped runs included, one entry each).
+
+    Prefect 3.9's API records task runs from their events, a moment after they ran: with
+    ``expect``, poll until that many are there (or ``timeout`` seconds pass).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))
+            )
+        if len(runs) >= expect or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.5)
 
 
-def task_runs_of(flow_run_id) -> dict[str, Any]:
-    """The task runs of a flow run, by name."""
-    return {run.name: run for run in task_run_list(flow_run_id)}
+def task_runs_of(flow_run_id, *, expect: int = 0, timeout: float = 30.0) -> dict[str, Any]:
+    """The task runs of a flow run, by name (see :func:`task_run_list` for ``expect``)."""
+    return {run.name: run for run in task_run_list(flow_run_id, expect=expect, timeout=timeout)}
 
 
 def log_records(flow_run_id, *, expect: str | None = None, timeout: float = 20.0) -> list[Any]:
@@ -112,3 +122,20 @@ def _poll_events(flt: Any, *, expect: dict[str, int], timeout: float) -> list[An
         if all(names.count(n) >= k for n, k in expect.items()) or time.monotonic() > deadline:
             return found
         time.sleep(0.5)
+
+
+def related_ids(event: Any, role: str) -> list[str]:
+    """Ids of an event's related resources of one role."""
+    return [r.id for r in event.related if r.role == role]
+
+
+def flow_runs_of_flow(flow_name: str) -> list[Any]:
+    """The flow runs of the flow named ``flow_name``, oldest first (for a flow whose call raised)."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            sort=FlowRunSort.START_TIME_ASC,
+        )

@@ -109,3 +109,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
+    """SIGKILL ``proc`` if it still runs, and each of ``pids`` still alive (a failed test's leftovers)."""
+    import os
+    import signal
+
+    if proc.poll() is None:
+        proc.kill()
+    for pid in pids:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -162,8 +162,12 @@ class StreamingRunningEngine(RunningEngine):
         if self._stopped:
             return
         self._stopped = True
+        engine, on_shutdown = self.engine, self._on_shutdown
+        # A shut-down adapter holds nothing of the engine (its memory resource
+        # included), even where something still holds the adapter.
+        self.engine = self._on_shutdown = None
         try:
-            self.engine.shutdown()
+            engine.shutdown()
         finally:
-            if self._on_shutdown is not None:
-                self._on_shutdown()
+            if on_shutdown is not None:
+                on_shutdown()

@@ -5,41 +5,136 @@ Developer notes
 ---------------
 :class:`SessionMonitor` is the session's one link to Prefect's UI. The session
 calls it from small hooks (start, each result created / consumed / released,
-close); the monitor turns them into the events of
+close); each hook puts one record on the process-wide writer's queue
+(:mod:`~prefect_cudf_polars.blocks.monitoring.writer`) and returns, so a GPU
+task's critical path carries no API call, no event building and no plan
+printing. The writer turns the records into the events of
 :mod:`~prefect_cudf_polars.blocks.monitoring.events` and the artifacts of
-:mod:`~prefect_cudf_polars.blocks.monitoring.artifacts`. It reads only the
-session's public attributes (``id``, ``backend``, ``description``,
-``timings``, ``fallback_warning``, ``closed``).
+:mod:`~prefect_cudf_polars.blocks.monitoring.artifacts`.
 
-* The flow run is recorded on the session's first use inside it
-  (``EngineSession.announce``); a task runner opens its session before the flow
-  run's context exists and closes it after that context is gone, so the summary
-  artifact and the ``engine.stopped`` event name the flow run by id.
+* The monitor holds no reference to its session (only the facts it reports:
+  id, backend, GPUs, runs), so an ended session is freed by reference counting.
+* The flow run is recorded on the session's first use inside it; a session may
+  end after the flow run's context is gone, so every event and artifact names
+  its runs by id.
 * A result's producing task run is recorded when it is created, so its
   ``released`` event can name that task run even at session end.
-* A result's artifact is written on the monitor's own thread
-  (``cudf-polars-monitor``), so a GPU task does not wait for the API call or
-  for polars to print the plan; the session waits for pending artifacts when
-  it ends, before the summary.
-* Nothing here raises into the session: monitoring failures are logged.
+* A result's artifact record keeps the query until the writer prints its plan;
+  at the session's end, before the engine shuts down, :meth:`SessionMonitor.settle`
+  prints the plans still pending, so no query (which may scan a result of the
+  engine) outlives the engine.
+* The session's end puts the summary artifact and ``engine.stopped`` on the
+  queue (ahead of the result artifacts) and, when no more than
+  :data:`SMALL_BACKLOG` other records are pending, waits at most
+  :data:`END_WAIT_S` for all of them; otherwise it returns at once. What is
+  left is written in the background, and at interpreter exit before Prefect's
+  own services stop.
+* :attr:`SessionMonitor.options` switches parts off (:class:`MonitorOptions`);
+  :data:`DEFAULT_OPTIONS` is what new sessions start from.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import uuid
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from prefect_cudf_polars.blocks.monitoring import artifacts, events
+from prefect_cudf_polars.blocks.monitoring.writer import WRITER, Pending, Record, current_api_url
 from prefect_cudf_polars.blocks.results.run_identity import current_task_run_id
 
 if TYPE_CHECKING:
     import polars as pl
 
     from prefect_cudf_polars.blocks.results.result import GPUResult
-    from prefect_cudf_polars.blocks.session.session import EngineSession
 
 logger = logging.getLogger("prefect_cudf_polars.monitoring")
+
+#: Seconds a session's end waits at most for its events and artifacts to be sent.
+END_WAIT_S = 1.0
+#: Most result records still pending for which a session's end waits (within END_WAIT_S);
+#: with more, it returns at once and everything is written in the background, the summary
+#: artifact and ``engine.stopped`` first.
+SMALL_BACKLOG = 16
+
+
+@dataclasses.dataclass
+class MonitorOptions:
+    """
+    Which parts of a session's monitoring run (all on by default).
+
+    Attributes
+    ----------
+    result_artifacts : bool
+        One markdown artifact per GPU result, on the task run that produced it.
+    plans : bool
+        polars' optimized query plan in each result artifact (``LazyFrame.explain()``).
+    events : bool
+        The ``prefect_cudf_polars.*`` events.
+    summary_artifact : bool
+        The keyed summary artifact of the session, on its flow run.
+    """
+
+    result_artifacts: bool = True
+    plans: bool = True
+    events: bool = True
+    summary_artifact: bool = True
+
+
+#: What a new session's :attr:`SessionMonitor.options` start as (change it to switch parts
+#: off for every later session of the process, as ``benchmarks/session_end.py`` does).
+DEFAULT_OPTIONS = MonitorOptions()
+
+
+class ResultFacts:
+    """What a result's artifact shows, copied from the result (no reference to it is kept)."""
+
+    __slots__ = ("backend", "engine_seconds", "id", "name", "partitions", "ranks", "schema")
+
+    def __init__(self, result: GPUResult) -> None:
+        self.id, self.name, self.backend = result.id, result.name, result.backend
+        self.ranks, self.partitions = list(result.ranks), result.partitions
+        self.schema, self.engine_seconds = result.schema, result.engine_seconds
+
+
+class ResultArtifact:
+    """A queued result artifact: the result's facts and, until its plan is printed, its query."""
+
+    __slots__ = ("__weakref__", "facts", "flow_run_id", "gpus", "memory_after", "plan", "query", "task_run_id")
+
+    def __init__(self, facts: ResultFacts, query: Any, memory_after: int | None, gpus: list[str], flow_run_id: Any, task_run_id: Any, *, plans: bool) -> None:
+        self.facts, self.memory_after, self.gpus = facts, memory_after, gpus
+        self.flow_run_id, self.task_run_id = flow_run_id, task_run_id
+        if query is None:
+            self.plan: str | None = "(a copy made by tee: same plan as its source)"
+        elif not plans:
+            self.plan, query = "(not printed: plans are switched off for this session)", None
+        else:
+            self.plan = None
+        self.query = query
+
+    def print_plan(self) -> None:
+        """Print the query's plan now and let go of the query (idempotent)."""
+        query, self.query = self.query, None
+        if query is not None:
+            self.plan = artifacts.query_plan(query)
+
+    def build(self) -> Any:
+        """The ``ArtifactCreate`` of this result."""
+        from prefect.client.schemas.actions import ArtifactCreate
+
+        self.print_plan()
+        return ArtifactCreate(
+            type="markdown",
+            data=artifacts.result_markdown(
+                self.facts, plan=self.plan or "", memory_after=self.memory_after, gpus=self.gpus
+            ),
+            description=f"cudf-polars result {self.facts.name!r}: plan, schema, where it lives",
+            flow_run_id=self.flow_run_id,
+            task_run_id=self.task_run_id,
+        )
 
 
 class SessionMonitor:
@@ -48,59 +143,104 @@ class SessionMonitor:
 
     Parameters
     ----------
-    session
-        The session it reports on.
+    session_id : str
+        The id of the session it reports on.
 
     Attributes
     ----------
+    options : MonitorOptions
+        Which parts run; a copy of :data:`DEFAULT_OPTIONS` at creation.
     flow_run_id : uuid.UUID or None
         The flow run the session serves (set on first use inside it).
     flow_name : str or None
         That flow's name (for the summary artifact's key).
     """
 
-    def __init__(self, session: EngineSession) -> None:
-        self.session = session
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.options = dataclasses.replace(DEFAULT_OPTIONS)
         self.flow_run_id: Any = None
         self.flow_name: str | None = None
-
+        self._backend: str | None = None
+        self._description: dict[str, Any] = {}
         self._producers: dict[str, Any] = {}
         self._started_sent = False
-        self._writer: ThreadPoolExecutor | None = None
+        self._pending = Pending()
+        self._urgent = Pending()
+        self._api_url = current_api_url()
+        self._holding = False
+        self._unprinted: weakref.WeakSet[ResultArtifact] = weakref.WeakSet()
+
+    # ---- the queue ---------------------------------------------------------------
+    def _put(self, *, send: Any = None, build: Any = None, urgent: bool = False) -> None:
+        if send is None and build is None:
+            return
+        self._pending.add()
+        if urgent:
+            self._urgent.add()
+        WRITER.put(Record(send=send, build=build, urgent=urgent, on_done=self._urgent_done if urgent else self._pending.done, api_url=self._api_url))
+
+    def _urgent_done(self) -> None:
+        self._urgent.done()
+        self._pending.done()
+
+    def _sender(self, name: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> Any:
+        """What emits one event on the writer's thread (``None`` with events switched off)."""
+        if not self.options.events:
+            return None
+        # Detached: Prefect's events worker would otherwise add the run context its
+        # own thread saw last; every record names its runs explicitly.
+        return lambda: events.emit(name, resource, related=related, payload=payload, detached=True)
+
+    def _event(self, name: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> None:
+        self._put(send=self._sender(name, resource, related, payload))
+
+    def flush(self, timeout: float = END_WAIT_S) -> bool:
+        """
+        Wait until this session's events and artifacts are sent, at most ``timeout`` seconds.
+
+        Returns
+        -------
+        bool
+            True when none is pending.
+        """
+        return self._pending.wait(timeout)
 
     # ---- session hooks ---------------------------------------------------------
-    def started(self, flow_run: Any, flow: Any) -> None:
-        """The session's first use inside ``flow_run``: emit ``engine.started``."""
+    def describe(self, backend: str | None, description: dict[str, Any]) -> None:
+        """Record the session's backend and description (GPUs, ranks, versions) once it runs."""
+        self._backend, self._description = backend, dict(description)
+
+    def started(self, flow_run: Any, flow: Any, *, engine_start_s: float | None, fallback_warning: str | None) -> None:
+        """The session's first use inside ``flow_run``: queue ``engine.started``."""
         self.flow_run_id = flow_run.id
         self.flow_name = getattr(flow, "name", None) or flow_run.name
         if self._started_sent:
             return
         self._started_sent = True
-        s = self.session
-        events.emit(
+        d = self._description
+        self._event(
             events.ENGINE_STARTED,
-            events.session_resource(s.id, s.backend),
-            related=events.run_resources(self.flow_run_id, current_task_run_id()),
-            payload={
-                "backend": s.backend,
-                "gpus": s.description.get("gpus", []),
-                "ranks": s.description.get("ranks", 1),
-                "versions": s.description.get("versions", {}),
-                "engine_start_s": s.timings.get("engine_start_s"),
-                "fallback_warning": s.fallback_warning,
+            events.session_resource(self.session_id, self._backend),
+            events.run_resources(self.flow_run_id, current_task_run_id()),
+            {
+                "backend": self._backend,
+                "gpus": d.get("gpus", []),
+                "ranks": d.get("ranks", 1),
+                "versions": d.get("versions", {}),
+                "engine_start_s": engine_start_s,
+                "fallback_warning": fallback_warning,
             },
         )
 
-    def result_created(
-        self, result: GPUResult, lf: pl.LazyFrame | None, *, memory_after: int | None
-    ) -> None:
+    def result_created(self, result: GPUResult, lf: pl.LazyFrame | None, *, memory_after: int | None) -> None:
         """
-        A result was produced: emit ``result.created``, queue its artifact.
+        A result was produced: queue ``result.created`` and its artifact.
 
         Parameters
         ----------
         result
-            The new result.
+            The new result (its facts are copied; it is not kept).
         lf
             The query that produced it (its plan goes in the artifact); ``None``
             for a copy made by ``tee``.
@@ -113,14 +253,13 @@ class SessionMonitor:
             logger.warning("Could not report GPU result %r: %s", result.name, exc)
 
     def _result_created(self, result: GPUResult, lf: pl.LazyFrame | None, memory_after: int | None) -> None:
-        s = self.session
         task_run_id = current_task_run_id()
         self._producers[result.id] = task_run_id
-        events.emit(
+        send = self._sender(
             events.RESULT_CREATED,
             events.result_resource(result),
-            related=events.run_resources(self.flow_run_id, task_run_id),
-            payload={
+            events.run_resources(self.flow_run_id, task_run_id),
+            {
                 "name": result.name,
                 "backend": result.backend,
                 "ranks": list(result.ranks),
@@ -130,89 +269,106 @@ class SessionMonitor:
                 "memory_in_use_bytes": memory_after,
             },
         )
-        if task_run_id is None and self.flow_run_id is None:
-            return  # outside any Prefect run: nothing to attach an artifact to
-        gpus = list(s.description.get("gpus", []))
-        if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cudf-polars-monitor")
-        self._writer.submit(
-            self._write_result_artifact, result, lf, memory_after, gpus, task_run_id
+        if not self.options.result_artifacts or (task_run_id is None and self.flow_run_id is None):
+            # Switched off, or outside any Prefect run: nothing to attach an artifact to.
+            self._put(send=send)
+            return
+        record = ResultArtifact(
+            ResultFacts(result), lf, memory_after, list(self._description.get("gpus", [])),
+            self.flow_run_id, task_run_id, plans=self.options.plans,
         )
-
-    def _write_result_artifact(
-        self, result: GPUResult, lf: pl.LazyFrame | None, memory_after: int | None, gpus: list[str], task_run_id: Any
-    ) -> None:
-        try:
-            artifacts.create_artifact_for(
-                artifacts.result_markdown(
-                    result,
-                    plan=artifacts.query_plan(lf) if lf is not None else "(a copy made by tee: same plan as its source)",
-                    memory_after=memory_after,
-                    gpus=gpus,
-                ),
-                description=f"cudf-polars result {result.name!r}: plan, schema, where it lives",
-                flow_run_id=self.flow_run_id,
-                task_run_id=task_run_id,
-            )
-        except Exception as exc:
-            logger.warning("Could not write the artifact of GPU result %r: %s", result.name, exc)
-
-    def flush(self) -> None:
-        """Wait for the artifacts still being written (idempotent)."""
-        if self._writer is not None:
-            self._writer.shutdown(wait=True)
-            self._writer = None
+        if record.query is not None:
+            self._unprinted.add(record)
+        self._put(send=send, build=record.build)  # one record: the event, then the artifact
 
     def result_consumed(self, result: GPUResult) -> None:
-        """A result was claimed by its reader: emit ``result.consumed``."""
+        """A result was claimed by its reader: queue ``result.consumed``."""
         related = events.run_resources(self.flow_run_id, current_task_run_id())
         producer = self._producers.get(result.id)
         if producer is not None:
             related += events.run_resources(task_run_id=producer, task_run_role="producer")
-        events.emit(
+        self._event(
             events.RESULT_CONSUMED,
             events.result_resource(result),
-            related=related,
-            payload={"name": result.name, "consumed_by": result.consumed_by},
+            related,
+            {"name": result.name, "consumed_by": result.consumed_by},
         )
 
-    def result_released(self, result: GPUResult) -> None:
-        """A result was released before anyone read it: emit ``result.released``."""
-        producer = self._producers.get(result.id)
-        events.emit(
+    def result_released(self, result: GPUResult, *, at_session_end: bool) -> None:
+        """A result was released before anyone read it: queue ``result.released``."""
+        self._event(
             events.RESULT_RELEASED,
             events.result_resource(result),
-            related=events.run_resources(self.flow_run_id, producer),
-            payload={
-                "name": result.name,
-                "unconsumed": True,
-                "at_session_end": self.session.closed,
+            events.run_resources(self.flow_run_id, self._producers.get(result.id)),
+            {"name": result.name, "unconsumed": True, "at_session_end": at_session_end},
+        )
+
+    def result_released_late(self, name: str, task_run_id: Any) -> None:
+        """
+        A result arrived after its task run stopped waiting (a timeout) and was released at once.
+
+        Queues ``result.released`` naming that task run, with ``timed_out: true``.
+        """
+        self._event(
+            events.RESULT_RELEASED,
+            {
+                "prefect.resource.id": f"{events.RESULT_RESOURCE}.{uuid.uuid4().hex}",
+                "prefect.resource.name": name,
+                "backend": str(self._backend),
+                "session-id": self.session_id,
             },
-            detached=self.session.closed,
+            events.run_resources(self.flow_run_id, task_run_id),
+            {"name": name, "unconsumed": True, "at_session_end": False, "timed_out": True},
         )
 
-    def ended(self, summary: dict[str, Any]) -> None:
-        """The session closed: write the keyed summary artifact, emit ``engine.stopped``."""
+    def settle(self) -> None:
+        """Print the plans still pending and let go of their queries (before the engine shuts down)."""
+        for record in list(self._unprinted):
+            record.print_plan()
+        self._unprinted = weakref.WeakSet()
+
+    def ending(self) -> None:
+        """The session's teardown starts: hold background result artifacts until :meth:`ended`."""
+        WRITER.hold_artifacts()
+        self._holding = True
+
+    def ended(self, summary: dict[str, Any], *, dashboard: str | None, wait: float = END_WAIT_S) -> None:
+        """
+        The session closed: queue the keyed summary artifact and ``engine.stopped``.
+
+        Then waits at most ``wait`` seconds for the session's records to be sent.
+        """
+        if self._holding:
+            self._holding = False
+            WRITER.release_artifacts()
         try:
-            self._ended(summary)
+            self._ended(summary, dashboard)
+            # With a long backlog (many results still being written, on an API that is busy
+            # with them), waiting would only add its whole bound to the flow run's end: the
+            # summary and engine.stopped go ahead of the backlog in the background instead.
+            if self._pending.count - self._urgent.count <= SMALL_BACKLOG:
+                self._pending.wait(wait)
         except Exception as exc:  # monitoring never fails the session's teardown
-            logger.warning("Could not report the end of engine session %s: %s", self.session.id, exc)
+            logger.warning("Could not report the end of engine session %s: %s", self.session_id, exc)
 
-    def _ended(self, summary: dict[str, Any]) -> None:
-        self.flush()
-        # The dask backend records its dashboard link when it starts.
-        dashboard = self.session.description.get("dashboard")
-        if self.flow_run_id is not None:
-            artifacts.create_flow_run_artifact(
-                self.flow_run_id,
-                artifacts.summary_markdown(summary, dashboard=dashboard),
+    def _ended(self, summary: dict[str, Any], dashboard: str | None) -> None:
+        self.settle()
+        self._producers = {}
+        if self.flow_run_id is not None and self.options.summary_artifact:
+            from prefect.client.schemas.actions import ArtifactCreate
+
+            artifact = ArtifactCreate(
                 key=artifacts.summary_key(self.flow_name or "flow"),
+                type="markdown",
+                data=artifacts.summary_markdown(summary, dashboard=dashboard),
                 description=artifacts.summary_description(summary),
+                flow_run_id=self.flow_run_id,
             )
-        events.emit(
+            self._put(build=lambda: artifact, urgent=True)
+        stopped = self._sender(
             events.ENGINE_STOPPED,
-            events.session_resource(self.session.id, self.session.backend),
-            related=events.run_resources(self.flow_run_id),
-            payload={**summary, "dashboard": dashboard},
-            detached=True,
+            events.session_resource(self.session_id, self._backend),
+            events.run_resources(self.flow_run_id),
+            {**summary, "dashboard": dashboard},
         )
+        self._put(send=stopped, urgent=True)

@@ -85,6 +85,11 @@ class ResultOwner(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    @property
+    def served_run(self) -> str | None:
+        """``"flow run 'name'"`` or ``"subflow run 'name'"``, once known."""
+        ...
+
     def result_claimed(self, result: GPUResult) -> None:
         """``result`` was claimed by its reader: it is no longer live."""
         ...
@@ -96,6 +101,47 @@ class ResultOwner(Protocol):
     def release_on_engine(self, release: Callable[[], None]) -> None:
         """Run ``release`` on the engine's owner thread while the engine runs, else in place."""
         ...
+
+
+class EndedSession:
+    """
+    What a result keeps of its session once that session has ended (a :class:`ResultOwner`).
+
+    The session's end points each of its results here instead of at the
+    session, so a result that Prefect's states or futures keep holds neither
+    the session nor its engine.
+
+    Parameters
+    ----------
+    id : str
+        The ended session's id.
+    backend : str or None
+        Its backend.
+    served_run : str or None
+        The run it served (``"subflow run 'name'"``).
+    subflow : bool
+        Whether that run was a subflow run.
+    """
+
+    __slots__ = ("backend", "id", "served_run", "subflow")
+
+    closed = True
+
+    def __init__(self, id: str, backend: str | None, served_run: str | None, *, subflow: bool = False) -> None:
+        self.id = id
+        self.backend = backend
+        self.served_run = served_run
+        self.subflow = subflow
+
+    def result_claimed(self, result: GPUResult) -> None:
+        """Nothing to record: the session has ended."""
+
+    def result_released(self, result: GPUResult) -> None:
+        """Nothing to record: the session has ended."""
+
+    def release_on_engine(self, release: Callable[[], None]) -> None:
+        """Run ``release`` here: the engine's store is gone."""
+        release()
 
 
 class GPUResult:
@@ -132,6 +178,7 @@ class GPUResult:
     """
 
     __slots__ = (
+        "__weakref__",
         "_lock",
         "_owner",
         "_persisted",
@@ -217,16 +264,8 @@ class GPUResult:
         """
         if self._state == "released":
             raise ResultReleasedError(
-                f"GPUResult {self.name!r} (id {self.id}) was released"
-                + (
-                    " when its engine session ended (its flow run is over: a GPU "
-                    "result never outlives its flow run, so do not return it from a "
-                    "flow or keep it for later — collect it inside the flow run and "
-                    "return the host DataFrame)"
-                    if self._owner.closed
-                    else ""
-                )
-                + "; its data is gone. Run the task that produced it again, inside "
+                f"GPUResult {self.name!r} (id {self.id}) was released{self._released_because()}; "
+                "its data is gone. Run the task that produced it again, inside "
                 "a flow run with an open engine session.",
                 result_id=self.id,
                 result_name=self.name,
@@ -258,15 +297,45 @@ class GPUResult:
         if active is not None and active is not self._owner:
             raise WrongEngineError(
                 f"GPUResult {self.name!r} (id {self.id}) belongs to engine session "
-                f"{self.session_id} ({self.backend}), but session {active.id} "
-                f"({active.backend}) is active here: only the engine that produced a "
-                "result can read it. Produce the result in this flow run, or collect "
-                "it in its own flow run and pass the host DataFrame.",
+                f"{self.session_id} ({self._where(self._owner)}), but {active.served_run or 'the code here'} "
+                f"has its own engine session {active.id} ({active.backend}): only the engine "
+                "that produced a result can read it. "
+                + (
+                    "Pass the subflow a host DataFrame (collect the result before the "
+                    "subflow), or give the subflow no task runner so it shares the "
+                    "parent's session."
+                    if (active.served_run or "").startswith("subflow")
+                    else "Produce the result in this flow run, or collect it in its own "
+                    "flow run and pass the host DataFrame."
+                ),
                 result_id=self.id,
                 result_name=self.name,
                 producer_session=self.session_id,
                 current_session=active.id,
             )
+
+    def _where(self, owner: ResultOwner) -> str:
+        run = owner.served_run
+        return f"{self.backend}, {run}" if run else self.backend
+
+    def _released_because(self) -> str:
+        owner = self._owner
+        if not owner.closed:
+            return ""
+        if getattr(owner, "subflow", False):
+            return (
+                f" when its engine session ended: the session of {owner.served_run}, which "
+                "ended with that subflow run (a subflow with its own task runner has its own "
+                "session, and its GPU results never outlive it). Collect the result inside "
+                "the subflow and return the host DataFrame, or give the subflow no task "
+                "runner so it shares the parent's session"
+            )
+        return (
+            " when its engine session ended (its flow run is over: a GPU "
+            "result never outlives its flow run, so do not return it from a "
+            "flow or keep it for later — collect it inside the flow run and "
+            "return the host DataFrame)"
+        )
 
     def lazy(self) -> pl.LazyFrame:
         """
@@ -353,6 +422,26 @@ class GPUResult:
         if was_live:
             self._owner.result_released(self)
 
+
+    def session_ended(self, tombstone: ResultOwner, *, drop: bool) -> None:
+        """
+        Point this result at ``tombstone`` instead of its ended session (the session's end calls it).
+
+        Parameters
+        ----------
+        tombstone : ResultOwner
+            What is left of the session (:class:`EndedSession`).
+        drop : bool
+            Also let go of the persisted result. False when the engine stopped
+            answering: the session's queued teardown frees it on the engine's
+            thread if the engine answers.
+        """
+        with self._lock:
+            self._owner = tombstone
+            if self._state == "live":
+                self._state = "released"
+            if drop:
+                self._persisted = None
 
     def __enter__(self) -> GPUResult:
         """Return the result; :meth:`release` runs on exit."""

@@ -23,6 +23,18 @@ TEARDOWN_WARNING = (
     "teardown_timeout on the engine block."
 )
 
+SERVED_WARNING = (
+    "cudf-polars engine session %s ended with %d task run(s) it serves still "
+    "running after %g s (teardown_timeout); they fail at their next engine call "
+    "with an error naming this session. Wait on their futures inside the `with "
+    "block.session():` block, or raise teardown_timeout on the engine block."
+)
+
+NOT_STARTED_LINE = (
+    "cudf-polars engine not started: no GPU task ran in this flow run (the "
+    "engine starts at the first GPU task)"
+)
+
 
 def start_line(backend: str | None, description: dict[str, Any], engine_start_s: float) -> tuple[Any, ...]:
     """

@@ -7,11 +7,17 @@ leaves the registry once, when it is claimed by its reader (counted
 unconsumed*). At the session's end the registry closes and hands back the
 results still live, which the session releases; a result produced after that
 is refused.
+
+The registry also knows every result of the session that Python still holds
+(weakly: it keeps none alive), so that the session's end can release the ones
+that still hold engine memory (live, or consumed by a read that left
+something behind) and point all of them at a tombstone instead of the session.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -31,6 +37,7 @@ class ResultRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: dict[str, GPUResult] = {}
+        self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
         self._closed = False
         self.counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
 
@@ -46,8 +53,15 @@ class ResultRegistry:
             if self._closed:
                 return False
             self._live[result.id] = result
+            self._all.add(result)
             self.counts["produced"] += 1
             return True
+
+    def late(self) -> None:
+        """Count a result whose caller stopped waiting: produced, and released unconsumed at once."""
+        with self._lock:
+            self.counts["produced"] += 1
+            self.counts["released_unconsumed"] += 1
 
     def claimed(self, result: GPUResult) -> bool:
         """Record that ``result`` was claimed; True when it was live here (counted once)."""
@@ -77,3 +91,16 @@ class ResultRegistry:
                 return None
             self._closed = True
             return list(self._live.values())
+
+    def holding(self) -> list[GPUResult]:
+        """The results that still hold engine memory: live, or consumed with something left to free."""
+        with self._lock:
+            return [r for r in list(self._all) if r.persisted is not None]
+
+    def forget(self) -> list[GPUResult]:
+        """Hand back every result still alive and keep none (the session's end)."""
+        with self._lock:
+            found = list(self._all)
+            self._all = weakref.WeakSet()
+            self._live.clear()
+            return found

@@ -17,44 +17,63 @@ The rules, and where each is kept:
    :class:`~prefect_cudf_polars.blocks.errors.ResultConsumedError`.
 4. **Everything is released when the session ends**, however it ends: a normal
    return, an exception, or ``TerminationSignal`` (SIGTERM) all run
-   :meth:`EngineSession.close`. ``close`` closes the registry, then, as the
-   owner thread's last call, releases every live result, reads the memory and
+   :meth:`EngineSession.close`. A ``with block.session():`` first waits for the
+   GPU task runs submitted inside it (:mod:`~prefect_cudf_polars.blocks.session.served`).
+   ``close`` then closes the registry and, as the owner thread's last call,
+   releases every result that still holds engine memory, reads the memory and
    shuts the engine down. It is idempotent, and it waits at most the block's
-   ``teardown_timeout`` (seconds) for the engine: a Prefect process worker
-   cancels a flow run by sending SIGTERM to its whole process group, so an
-   owned Dask or Ray cluster is stopping at the same moment and may never
-   answer. Past the limit the live results are marked released without the
-   engine (:meth:`GPUResult.mark_released`), the end line is logged with a
-   warning, and the process may end; the queued teardown still runs if the
-   engine answers.
-5. **A result never leaves its process**: pickling a ``GPUResult`` raises.
+   ``teardown_timeout`` (seconds) for the engine, at most 3 s when the flow
+   run is being stopped (a Prefect process worker checks every 3 s whether the
+   run's processes are gone). Past the limit the live results are marked
+   released without the engine (:meth:`GPUResult.mark_released`), the end
+   line is logged with a warning, and the process may end; the queued
+   teardown still runs if the engine answers.
+5. **An ended session holds nothing of the engine.** After the shutdown the
+   session drops its running engine, its results point at a small
+   :class:`~prefect_cudf_polars.blocks.results.result.EndedSession` instead of
+   the session, and the monitor never held the session: a session, its
+   results and its engine are freed by reference counting alone, so device
+   memory comes back without Python's garbage collector.
+6. **The engine opens at the first GPU call.** A task runner's session opens
+   when a task of its flow run first asks for it (under the runner's lock:
+   tasks submitted at once start one engine); an engine that cannot start
+   fails that task run, and so the flow run, and every later GPU call of the
+   run gets the same error. Sessions of subflows: :mod:`~prefect_cudf_polars.blocks.session.nesting`.
+7. **A result never leaves its process**: pickling a ``GPUResult`` raises.
+8. **A session left open at interpreter exit** is closed by
+   :mod:`~prefect_cudf_polars.blocks.session.exit_hook`, with one warning naming
+   the results that were still live.
 """
 
 from __future__ import annotations
 
 import contextvars
+import gc
 import logging
 import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
 
-from prefect_cudf_polars.blocks.active import ACTIVE_SESSION
+from prefect_cudf_polars.blocks.active import enter_provider, innermost_provider, leave_provider
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend, start_backend
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.errors import SessionError
-from prefect_cudf_polars.blocks.monitoring.monitor import SessionMonitor
+from prefect_cudf_polars.blocks.monitoring.monitor import END_WAIT_S, SessionMonitor
 from prefect_cudf_polars.blocks.results.lineage import Lineage
-from prefect_cudf_polars.blocks.results.result import GPUResult
-from prefect_cudf_polars.blocks.session import lines
+from prefect_cudf_polars.blocks.results.result import EndedSession, GPUResult
+from prefect_cudf_polars.blocks.results.run_identity import current_task_run_id
+from prefect_cudf_polars.blocks.session import exit_hook, lines, nesting
 from prefect_cudf_polars.blocks.session.memory import MemoryTracker
-from prefect_cudf_polars.blocks.session.owner import ENDED_MESSAGE, OwnerThread
+from prefect_cudf_polars.blocks.session.owner import OwnerThread
 from prefect_cudf_polars.blocks.session.registry import ResultRegistry
+from prefect_cudf_polars.blocks.session.served import ServedRuns
 from prefect_cudf_polars.blocks.session.warning_origin import user_stacklevel
 
 if TYPE_CHECKING:
@@ -63,6 +82,13 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+logger = logging.getLogger("prefect_cudf_polars.session")
+
+#: Seconds the teardown waits for the engine at most when the flow run is being
+#: stopped (SIGTERM): a Prefect process worker checks every 3 s whether the run's
+#: process group is gone, so a teardown within that keeps cancellation quick.
+TERMINATING_TEARDOWN_S = 3.0
+
 
 class EngineSession:
     """
@@ -70,7 +96,7 @@ class EngineSession:
 
     Open it with :meth:`CudfPolarsEngine.session` (``with block.session():`` in
     a flow body) or let :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner`
-    open it for the flow run. Tasks find it with
+    open it for the flow run, at its first GPU call. Tasks find it with
     :func:`~prefect_cudf_polars.blocks.get_engine_session`.
 
     Parameters
@@ -94,12 +120,14 @@ class EngineSession:
     fallback_warning : str or None
         Why the ``cpu`` backend runs instead of the GPU one asked for, if it does.
     monitor : SessionMonitor
-        The session's events and artifacts.
+        The session's events and artifacts (see its ``options`` to switch parts off).
     shutdown_thread : str or None
         Name of the thread that shut the engine down (the owner thread), once it has.
     teardown : str
         ``"not started"``, ``"complete"``, or what the teardown was doing when
         it stopped waiting for the engine.
+    flow_run_name : str or None
+        The flow run the session serves (recorded at its open or first use inside it).
     """
 
     def __init__(self, block: CudfPolarsEngine) -> None:
@@ -109,38 +137,57 @@ class EngineSession:
         self.description: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self.fallback_warning: str | None = None
-        self.monitor = SessionMonitor(self)
+        self.monitor = SessionMonitor(self.id)
         self.shutdown_thread: str | None = None
         self.teardown = "not started"
+        self.flow_run_name: str | None = None
+        self._flow_run_id: Any = None
+        self._subflow = False
+        self._opened_by = "new"
         self._running: RunningEngine | None = None
         self._owner: OwnerThread | None = None
+        self._host: EngineSession | None = None  # the session whose engine this one runs on
         self._registry = ResultRegistry()
         self._memory = MemoryTracker()
         self._log = lines.SessionLog()
+        self._served = ServedRuns()
         self._lock = threading.Lock()
+        self._closing = False
         self._closed = False
         self._stopped = False  # the engine is shut down, or no longer answers
         self._token: contextvars.Token[Any] | None = None
         self._announced = False
         self._teardown_step = ""
+        self._engine_ref: Callable[[], Any] | None = None
+        #: How the engine's objects were freed at the end (see :meth:`summary`).
+        self.engine_freed: str | None = None
+        #: Seconds :meth:`close` took (waiting for served task runs, teardown, monitor), once closed.
+        self.end_seconds: float | None = None
 
     # ---- lifecycle -------------------------------------------------------
     def __enter__(self) -> EngineSession:
         self.open(activate=True)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(terminating=exit_hook.is_termination(exc))
 
-    def open(self, *, activate: bool) -> EngineSession:
+    def open(self, *, activate: bool, parent: EngineSession | None = None, opened_by: str = "") -> EngineSession:
         """
-        Start the engine on a new owner thread.
+        Start the engine on a new owner thread, or join the enclosing session's engine.
 
         Parameters
         ----------
         activate : bool
-            Make this the active session of the current context (the flow
-            body's and, through Prefect's context copy, its task threads').
+            Make this the innermost session of the current context (the flow
+            body's and, through Prefect's context copy, its task threads'):
+            ``with block.session():``.
+        parent : EngineSession, optional
+            The open session of an enclosing flow run (a subflow's runner
+            passes its parent's); with ``activate`` it is found here.
+        opened_by : str, optional
+            What opened it, for messages (default: ``with block.session()``
+            with ``activate``, else ``CudfPolarsTaskRunner``).
 
         Returns
         -------
@@ -150,8 +197,10 @@ class EngineSession:
         Raises
         ------
         SessionError
-            If this session was already opened, or another session is active
-            in this context (sessions do not nest).
+            If this session was already opened; if another session of this
+            flow run is open (sessions do not nest within one flow run); or
+            if it needs a second GPU engine next to the enclosing flow run's
+            (see :mod:`~prefect_cudf_polars.blocks.session.nesting`).
         NoGPUError
             A GPU backend was asked for and no usable GPU or RAPIDS stack is
             here (see :func:`~prefect_cudf_polars.blocks.backends.choice.resolve_backend`).
@@ -160,45 +209,97 @@ class EngineSession:
             :class:`~prefect_cudf_polars.blocks.backends.dask.cluster.DaskClusterError`);
             what was started is shut down first.
         """
-        if self._owner is not None or self._closed:
+        if self._owner is not None or self._closing:
             raise SessionError(
                 "This engine session was already opened; open a new one with "
                 "CudfPolarsEngine.session()."
             )
-        if activate and (outer := ACTIVE_SESSION.get()) is not None and not outer.closed:
-            raise SessionError(
-                f"An engine session ({outer.backend}, id {outer.id}) is already active "
-                "here; sessions do not nest. Use the active one "
-                "(prefect_cudf_polars.blocks.get_engine_session()), or do not combine "
-                "CudfPolarsTaskRunner with `with block.session():` in one flow."
-            )
+        self._opened_by = opened_by or ("`with block.session():`" if activate else "CudfPolarsTaskRunner")
+        self._record_run()
+        if activate:
+            parent = self._enclosing_session()
+        self._host = nesting.engine_host(self.block, parent, run=self.served_run or "this session")
+        if self._host is not None:
+            self._join(self._host)
+        else:
+            self._start()
+        exit_hook.opened(self)
+        if activate:
+            self._token = enter_provider(self)
+        self.announce()
+        return self
+
+    def _enclosing_session(self) -> EngineSession | None:
+        """The open session of an enclosing flow run; raises if this flow run has one."""
+        from prefect.context import FlowRunContext
+
+        outer = innermost_provider()
+        if outer is None:
+            return None
+        ctx = FlowRunContext.get()
+        if ctx is not None and ctx.task_runner is outer:
+            nesting.refuse_nesting(outer, runner_here=True)
+        session = outer.provided_session
+        if isinstance(outer, EngineSession) and session is not None and outer._flow_run_id == self._flow_run_id:
+            nesting.refuse_nesting(outer, runner_here=False)
+        return session
+
+    def _start(self) -> None:
         self.backend, self.fallback_warning = resolve_backend(self.block)
         if self.fallback_warning:
             # Once as a Python warning here; announce() logs it once to the flow run.
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
-        self._owner = OwnerThread(f"cudf-polars-engine-owner-{self.id[:8]}")
+        self._owner = OwnerThread(f"cudf-polars-engine-owner-{self.id[:8]}", self.ended_message)
         try:
             self._owner.run(self._start_on_owner)
         except BaseException:
-            self._closed = True
+            self._closing = self._closed = True
             self._stop_engine()
+            self._owner = None
             raise
-        if activate:
-            self._token = ACTIVE_SESSION.set(self)
-        self.announce()
-        return self
+        self.monitor.describe(self.backend, self.description)
 
     def _start_on_owner(self) -> None:
         started = time.perf_counter()
         self._running = running = start_backend(self.backend, self.block)  # type: ignore[arg-type]
         self.timings["engine_start_s"] = time.perf_counter() - started
+        try:
+            self._engine_ref = weakref.ref(running.engine)
+        except TypeError:  # an engine object without weak references: not checked
+            self._engine_ref = None
         self.description = running.describe()
         self._memory.record("at_start", running)
 
+    def _join(self, host: EngineSession) -> None:
+        """Run on ``host``'s engine (see :mod:`~prefect_cudf_polars.blocks.session.nesting`)."""
+        self.backend, self.fallback_warning = host.backend, None
+        self._owner = host._owner
+        self.timings["engine_start_s"] = 0.0
+        self.description = {
+            **host.description,
+            "note": f"{host.description.get('note', '')}; on the engine of session {host.id[:8]}"
+            + (f" ({host.served_run})" if host.served_run else ""),
+        }
+        running = self._check_open()
+        self.run(self._memory.record, "at_start", running)
+        self.monitor.describe(self.backend, self.description)
+
+    @property
+    def engine_owner(self) -> EngineSession:
+        """The session that started the engine this one runs on (itself, unless it shares one)."""
+        return self._host.engine_owner if self._host is not None else self
+
     @property
     def closed(self) -> bool:
-        """Whether the session has ended (its engine is shut down)."""
+        """Whether the session has ended (its engine is shut down, or it no longer runs queries)."""
         return self._closed
+
+    @property
+    def served_run(self) -> str | None:
+        """``"flow run 'name'"`` or ``"subflow run 'name'"``: the run the session serves, once known."""
+        if self.flow_run_name is None:
+            return None
+        return f"{'subflow' if self._subflow else 'flow'} run {self.flow_run_name!r}"
 
     @property
     def live_results(self) -> tuple[GPUResult, ...]:
@@ -223,49 +324,124 @@ class EngineSession:
     @property
     def running_engine(self) -> RunningEngine | None:
         """The backend's running engine while the session is open (for measuring the bare engine)."""
-        return self._running
+        return None if self._closed else self._engine()
 
-    def close(self) -> dict[str, Any]:
+    def _engine(self) -> RunningEngine | None:
+        return self._host._engine() if self._host is not None else self._running
+
+    # ---- as a session provider (with block.session()) ----------------------
+    @property
+    def provided_session(self) -> EngineSession | None:
+        """This session while it is open (see :class:`~prefect_cudf_polars.blocks.active.SessionProvider`)."""
+        return None if self._closed else self
+
+    def provide_session(self) -> EngineSession:
         """
-        End the session: release every live result, then shut the engine down.
+        This session, for the code inside its with block.
 
-        Both happen on the owner thread, and ``close`` waits for them at most the
-        block's ``teardown_timeout`` (seconds). Past it, the results still live are
-        marked released without the engine, ``summary()["teardown"]`` says what
-        the teardown was doing, a warning is logged, and the teardown stays
-        queued on the owner thread in case the engine answers later. Idempotent:
-        later calls return the same summary and do nothing else.
+        Raises
+        ------
+        SessionError
+            When it has ended (the message names it).
+        """
+        if self._closed:
+            raise SessionError(self.ended_message())
+        return self
+
+    def serve(self, future: Any) -> None:
+        """Make the session's end wait for the task run of ``future`` (bounded by ``teardown_timeout``)."""
+        if not self._closing:
+            self._served.add(future)
+
+    def ended_message(self) -> str:
+        """What a call into this session says once it has ended."""
+        where = f" in {self.served_run}" if self.served_run else ""
+        if self._opened_by.startswith("`with"):
+            return (
+                f"The engine session {self.id} (`with block.session():`{where}) has ended, so it "
+                "runs no more queries. Task runs submitted inside the with block must finish "
+                "before it exits: the session waits for them at most the block's "
+                f"teardown_timeout ({self.block.teardown_timeout:g} s). Wait on their futures "
+                "inside the with block, or raise teardown_timeout."
+            )
+        return (
+            f"The engine session {self.id} ({self._opened_by}{where}) has ended with its "
+            "flow run, so it runs no more queries; open a new session (a new flow run) to "
+            "run more."
+        )
+
+    # ---- the end ---------------------------------------------------------------
+    def close(self, *, terminating: bool = False) -> dict[str, Any]:
+        """
+        End the session: wait for the task runs it serves, release every live result, shut the engine down.
+
+        A ``with block.session():`` first waits for the GPU task runs submitted
+        inside it, at most the block's ``teardown_timeout`` (seconds). Then the
+        releases and the shutdown happen on the owner thread, and ``close``
+        waits for them at most ``teardown_timeout`` (at most 3 s when
+        ``terminating``). Past it, the results still live are marked released
+        without the engine, ``summary()["teardown"]`` says what the teardown
+        was doing, a warning is logged, and the teardown stays queued on the
+        owner thread in case the engine answers later. A session that shares
+        an enclosing session's engine releases only its own results and leaves
+        the engine running. Idempotent: later calls return the summary and do
+        nothing else.
+
+        Parameters
+        ----------
+        terminating : bool
+            The flow run is being stopped (SIGTERM, a cancellation).
 
         Returns
         -------
         dict
             The session summary (see :meth:`summary`).
         """
-        live = self._registry.close()
-        if live is None:
-            return self.summary()
-        self._closed = True
+        with self._lock:
+            if self._closing:
+                return self.summary()
+            self._closing = True
+        limit = self.block.teardown_timeout
+        if terminating:
+            limit = min(limit, TERMINATING_TEARDOWN_S)
+        started = time.monotonic()
+        self.monitor.ending()
         try:
-            if self._owner is None or self._stopped:
-                for result in live:
+            still = self._served.wait(limit)
+            live = self._registry.close()
+            self._closed = True
+            if self._owner is None or self._stopped or self._engine() is None:
+                for result in self._registry.holding():
                     result.release()
                 self.teardown = "complete"
             else:
-                self._teardown_with_limit(live)
+                self._teardown_with_limit(live, limit)
         finally:
             self._deactivate()
+            exit_hook.closed(self, terminating=terminating)
         summary = self.summary()
         self._log.log(logging.INFO, *lines.end_line(summary))
+        if still:
+            self._log.log(logging.WARNING, lines.SERVED_WARNING, self.id, still, limit)
         if self.teardown != "complete":
             self._log.log(logging.WARNING, lines.TEARDOWN_WARNING, self.teardown)
-        self.monitor.ended(summary)
+        # The whole end waits at most END_WAIT_S for the monitor (teardown included).
+        wait = max(END_WAIT_S - (time.monotonic() - started), 0.1)
+        self.monitor.ended(summary, dashboard=self.description.get("dashboard"), wait=wait)
+        self._forget(complete=self.teardown == "complete")
+        self.end_seconds = time.monotonic() - started
         return summary
 
-    def _teardown_with_limit(self, live: list[GPUResult]) -> None:
+    def _teardown_with_limit(self, live: list[GPUResult], limit: float) -> None:
         assert self._owner is not None
-        limit = self.block.teardown_timeout
         self._teardown_step = "waiting for the engine's current call to finish"
-        if self._owner.finish(lambda: self._teardown_on_owner(live), timeout=limit):
+        if self._host is not None:
+            done = self._owner.run_bounded(self._release_on_owner, timeout=limit)
+        else:
+            done = self._owner.finish(self._teardown_on_owner, timeout=limit)
+            if done:
+                self._owner.thread.join(1.0)
+        if done:
             self.teardown = "complete"
             return
         with self._lock:
@@ -274,17 +450,47 @@ class EngineSession:
         for result in live:
             result.mark_released()
 
-    def _teardown_on_owner(self, live: list[GPUResult]) -> None:
+    def _release_on_owner(self) -> None:
+        self._teardown_step = "releasing results on the ranks"
+        for result in self._registry.holding():
+            result.release()
+        running = self._engine()
+        if running is not None:
+            self._teardown_step = "reading device memory"
+            self._memory.record("before_shutdown", running)
+        self.monitor.settle()  # no pending plan keeps a result (or the engine) alive
+
+    def _teardown_on_owner(self) -> None:
         try:
-            self._teardown_step = "releasing results on the ranks"
-            for result in live:
-                result.release()
-            if self._running is not None:
-                self._teardown_step = "reading device memory"
-                self._memory.record("before_shutdown", self._running)
+            self._release_on_owner()
         finally:
             self._teardown_step = "shutting the engine down"
             self._shutdown_on_owner()
+            self._check_engine_freed()
+
+    def _check_engine_freed(self) -> None:
+        """
+        After the shutdown, on the owner thread: is the engine object gone?
+
+        The session drops every reference of its own, so reference counting
+        frees the engine (and with it the memory resource that keeps freed
+        device memory pooled). If something still holds it, a reference cycle
+        does (or a user's reference): the fallback is one ``gc.collect()`` here,
+        and ``summary()["engine_freed"]`` says which happened.
+        """
+        ref, self._engine_ref = self._engine_ref, None
+        if ref is None:
+            return
+        if ref() is None:
+            self.engine_freed = "by reference counting"
+            return
+        found = gc.collect()
+        self.engine_freed = "by gc.collect()" if ref() is None else "still held after gc.collect()"
+        logger.info(
+            "cudf-polars engine of session %s not freed by reference counting; gc.collect() "
+            "found %d unreachable objects, engine %s",
+            self.id, found, self.engine_freed,
+        )
 
     def _stop_engine(self) -> None:
         """Shut the engine down on the owner thread and end that thread (a failed open)."""
@@ -306,15 +512,21 @@ class EngineSession:
             self.timings["engine_shutdown_s"] = time.perf_counter() - started
             with self._lock:
                 self._stopped = True
+                self._running = None  # an ended session holds no engine
+
+    def _forget(self, *, complete: bool) -> None:
+        """Drop what an ended session holds: results point at a tombstone, the engine is let go."""
+        tombstone = EndedSession(self.id, self.backend, self.served_run, subflow=self._subflow)
+        for result in self._registry.forget():
+            result.session_ended(tombstone, drop=complete)
+        if complete:
+            self._owner = None
+        self._host = None
 
     def _deactivate(self) -> None:
         if self._token is None:
             return
-        try:
-            ACTIVE_SESSION.reset(self._token)
-        except ValueError:  # closed from another context (a task runner's exit)
-            if ACTIVE_SESSION.get() is self:
-                ACTIVE_SESSION.set(None)
+        leave_provider(self._token, self)
         self._token = None
 
     def summary(self) -> dict[str, Any]:
@@ -329,8 +541,11 @@ class EngineSession:
             shutdown, rmm statistics on GPU backends), ``peak_memory`` (bytes, the
             highest reading after an engine call), ``peak_memory_per_rank``
             (bytes per rank, where ranks are read apart), ``timings`` (seconds),
-            ``shutdown_thread`` and ``teardown`` (``"complete"``, or what the
-            teardown was doing when it stopped waiting for the engine).
+            ``shutdown_thread``, ``teardown`` (``"complete"``, or what the
+            teardown was doing when it stopped waiting for the engine) and
+            ``engine_freed`` (``"by reference counting"``, ``"by gc.collect()"``
+            when a reference cycle held the engine after its shutdown, or
+            ``None`` when the session did not start it).
         """
         return {
             "session_id": self.id,
@@ -343,6 +558,7 @@ class EngineSession:
             "timings": dict(self.timings),
             "shutdown_thread": self.shutdown_thread,
             "teardown": self.teardown,
+            "engine_freed": self.engine_freed,
         }
 
     # ---- the owner thread --------------------------------------------------
@@ -358,6 +574,8 @@ class EngineSession:
             Whatever ``fn`` raises.
         """
         if self._owner is None:
+            if self._closed:
+                raise SessionError(self.ended_message())
             raise SessionError("The engine session is not open; enter it first.")
         return self._owner.run(fn, *args, **kwargs)
 
@@ -369,10 +587,11 @@ class EngineSession:
         any thread may do.
         """
         with self._lock:
-            on_owner = self._owner is not None and self._running is not None and not self._stopped
+            owner = self._owner
+            on_owner = owner is not None and self._engine() is not None and not self._stopped
         if on_owner:
             try:
-                self.run(release)
+                owner.run(release)  # type: ignore[union-attr]
                 return
             except SessionError:
                 pass
@@ -422,9 +641,10 @@ class EngineSession:
         return self.run(call)
 
     def _check_open(self) -> RunningEngine:
-        if self._closed or self._running is None:
-            raise SessionError(ENDED_MESSAGE)
-        return self._running
+        running = self._engine()
+        if self._closed or running is None:
+            raise SessionError(self.ended_message())
+        return running
 
     # ---- engine calls ------------------------------------------------------
     def execute(
@@ -432,6 +652,10 @@ class EngineSession:
     ) -> GPUResult:
         """
         Run ``lf`` on the engine; the result stays where the engine keeps it.
+
+        A caller that stops waiting (its task run timed out, a signal) leaves
+        the engine call running on the owner thread; the result it produces
+        then is released at once and counted produced and released unconsumed.
 
         Parameters
         ----------
@@ -460,13 +684,19 @@ class EngineSession:
             When the session has ended.
         """
         running = self._check_open()
+        name = name or "query"
+        late = self._late_result(name, current_task_run_id())
         try:
-            persisted, seconds, memory_after = self.run(self._execute_on_owner, running, lf)
-        except BaseException as exc:
+            if self._owner is None:
+                raise SessionError(self.ended_message())
+            persisted, seconds, memory_after = self._owner.run(
+                self._execute_on_owner, running, lf, on_late=late
+            )
+        except Exception as exc:
             raise_engine_error(exc)
         return self._register(
             persisted,
-            name=name or "query",
+            name=name,
             engine_seconds=seconds,
             lineage=lineage if lineage is not None else Lineage.of_query(lf),
             query=lf,
@@ -480,6 +710,17 @@ class EngineSession:
         persisted = running.execute(lf)
         seconds = time.perf_counter() - started
         return persisted, seconds, self._memory.read(running)
+
+    def _late_result(self, name: str, task_run_id: Any) -> Callable[[Any], None]:
+        """What to do, on the owner thread, with a result whose caller stopped waiting."""
+
+        def release_late(value: tuple[PersistedResult, float, int | None]) -> None:
+            persisted = value[0]
+            persisted.release()
+            self._registry.late()
+            self.monitor.result_released_late(name, task_run_id)
+
+        return release_late
 
     def adopt(
         self, persisted: PersistedResult, *, name: str, lineage: Lineage | None
@@ -531,8 +772,9 @@ class EngineSession:
             persisted, owner=self, name=name, engine_seconds=engine_seconds, lineage=lineage
         )
         if not self._registry.add(result):
+            result.session_ended(EndedSession(self.id, self.backend, self.served_run, subflow=self._subflow), drop=False)
             self.release_on_engine(persisted.release)
-            raise SessionError("The engine session ended while the query ran.")
+            raise SessionError(self.ended_message())
         self.monitor.result_created(result, query, memory_after=memory_after)
         return result
 
@@ -557,7 +799,7 @@ class EngineSession:
         running = self._check_open()
         try:
             return self.run(self._collect_on_owner, running, lf)
-        except BaseException as exc:
+        except Exception as exc:
             raise_engine_error(exc)
 
     def _collect_on_owner(self, running: RunningEngine, lf: pl.LazyFrame) -> pl.DataFrame:
@@ -579,9 +821,10 @@ class EngineSession:
 
     def _note_memory(self) -> int | None:
         """Read the engine's memory now, keep the peaks, return the reading."""
-        if self._running is None or self._closed:
+        running = self._engine()
+        if running is None or self._closed:
             return None
-        return self.run(self._memory.read, self._running)
+        return self.run(self._memory.read, running)
 
     # ---- what results ask of their session (ResultOwner) -----------------------
     def result_claimed(self, result: GPUResult) -> None:
@@ -592,15 +835,26 @@ class EngineSession:
     def result_released(self, result: GPUResult) -> None:
         """Record that ``result`` was released unread (and emit ``result.released``)."""
         self._registry.released(result)
-        self.monitor.result_released(result)
+        self.monitor.result_released(result, at_session_end=self._closed)
 
     # ---- logs ----------------------------------------------------------------
+    def _record_run(self) -> None:
+        """Record the flow run this session serves, from the current context (once)."""
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        if self.flow_run_name is not None or ctx is None or ctx.flow_run is None:
+            return
+        self.flow_run_name = ctx.flow_run.name
+        self._flow_run_id = ctx.flow_run.id
+        self._subflow = ctx.flow_run.parent_task_run_id is not None
+
     def announce(self) -> None:
         """
         Log the session's start line to the current flow run's log (once).
 
-        A task runner opens its session before the flow run's context exists,
-        so the line is written on first use from inside the flow run instead.
+        A session opened outside the flow run's context (a task runner's, in
+        older use) writes it on its first use from inside the flow run instead.
         """
         from prefect.context import FlowRunContext
 
@@ -608,8 +862,14 @@ class EngineSession:
         if self._announced or ctx is None or ctx.flow_run is None:
             return
         self._announced = True
+        self._record_run()
         self._log.attach(ctx.flow_run, ctx.flow)
-        self.monitor.started(ctx.flow_run, ctx.flow)
+        self.monitor.started(
+            ctx.flow_run,
+            ctx.flow,
+            engine_start_s=self.timings.get("engine_start_s"),
+            fallback_warning=self.fallback_warning,
+        )
         d = self.description
         self._log.log(
             logging.INFO,
@@ -625,10 +885,13 @@ class EngineSession:
         if self.fallback_warning:
             self._log.log(logging.WARNING, "%s", self.fallback_warning)
 
+    def detach_log(self) -> None:
+        """Write the remaining lines to Python logging only (at interpreter exit)."""
+        self._log.attach(None, None)
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("open" if self._owner else "new")
         return (
             f"EngineSession(id={self.id[:8]}, backend={self.backend}, {state}, "
             f"live_results={len(self._registry.live)})"
         )
-

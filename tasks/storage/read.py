@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
-from prefect import task
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
@@ -38,6 +37,7 @@ from prefect_cudf_polars.tasks.storage.assets import declare_sources
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access, scrub
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_engine_error
 from prefect_cudf_polars.tasks.storage.location import S3Location, check_readable, is_s3_url, parse_s3_url
+from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 if TYPE_CHECKING:

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
-from prefect import task
 from pydantic import BaseModel, Field
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
@@ -49,6 +48,7 @@ from prefect_cudf_polars.tasks.storage.location import (
     parse_s3_url,
 )
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
+from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 if TYPE_CHECKING:

@@ -169,8 +169,8 @@ def test_gpu_result_as_a_flow_parameter(orders, store_is_restored):
     @flow(task_runner=RUNNER())
     def parent():
         r = execute(pl.scan_parquet(orders), name="parent's")
-        # A subflow that opens its own engine would nest sessions: refused at its start.
-        with pytest.raises(SessionError, match="sessions do not nest"):
+        # A subflow with its own runner has its own session, which cannot read the parent's result.
+        with pytest.raises(WrongEngineError, match="but subflow run '.*' has its own engine session"):
             child_with_its_own_engine(r)
         assert r.state == "live"  # nothing lost: the parent still has it
         # A subflow without its own engine runs on the parent's session and reads it.
@@ -217,15 +217,26 @@ def test_gpu_result_passed_to_a_process_based_task_runner(orders, store_is_resto
 
 
 def test_session_opened_inside_another(orders):
+    """`with block.session():` inside a flow run that has a session is refused, with the hint for its case."""
+
     @flow(task_runner=RUNNER())
-    def nested():
+    def inside_the_runners():
         outer = get_engine_session()
-        with pytest.raises(SessionError, match="sessions do not nest.*do not combine"):
+        with pytest.raises(SessionError, match="its CudfPolarsTaskRunner provides one.*do not combine"):
             with CudfPolarsEngine(backend="cpu").session():
                 pass
         return outer.closed, collect(pl.scan_parquet(orders)).height
 
-    assert nested() == (False, 1000)
+    @flow
+    def inside_another_with_block():
+        with CudfPolarsEngine(backend="cpu").session() as outer:
+            with pytest.raises(SessionError, match=f"id {outer.id}.*already open here.*close it before"):
+                with CudfPolarsEngine(backend="cpu").session():
+                    pass
+            return outer.closed, collect(pl.scan_parquet(orders)).height
+
+    assert inside_the_runners() == (False, 1000)
+    assert inside_another_with_block() == (False, 1000)
 
 
 def test_two_flows_in_one_process_each_with_a_session(orders, store_is_restored):
@@ -311,9 +322,10 @@ def test_block_with_an_invalid_option(tmp_path):
     assert isinstance(info.value.__cause__, ValidationError)
     assert "spill_device_limit='lots' is not a percentage" in str(info.value.__cause__)
 
+    # The runner loads its block at the flow run's first GPU task, which then fails the run.
     @flow(task_runner=CudfPolarsTaskRunner("edited-badly"))
     def uses_it():
-        return 1
+        return collect(pl.LazyFrame({"a": [1]})).height
 
     with pytest.raises(RuntimeError, match="'edited-badly'.*failed validation"):
         uses_it()

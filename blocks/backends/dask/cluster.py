@@ -17,6 +17,16 @@ The rule is prefect-dask's: shut down only what you started.
 Worker checks (each an error that says what to do): no workers at all; a worker
 without a visible GPU; several workers on the same first GPU (workers started
 without cudf-polars' nanny preload, ``--preload-nanny cudf_polars.engine.dask``).
+
+An owned cluster's worker processes each move into a process group of their
+own (:class:`OwnProcessGroup`, a worker plugin, so a worker its nanny restarts
+does too). A Prefect process worker cancels a flow run with SIGTERM to the
+run's whole process group; the workers then keep running until the session's
+teardown has released every result on them and closed the cluster, instead
+of dying at once and being restarted by their nannies (which live in the flow
+process) into a group nothing signals again. They still end with the flow
+process when it is killed: distributed's worker processes end when their
+parent does (checked with distributed 2026.8, ``tests/lifecycle/test_cluster_process_groups.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +44,29 @@ if TYPE_CHECKING:
 
 class DaskClusterError(RuntimeError):
     """A Dask cluster cannot run cudf-polars: unreachable, no workers, or workers without GPUs."""
+
+
+try:
+    from distributed.diagnostics.plugin import WorkerPlugin as _WorkerPlugin
+except ImportError:  # distributed is optional; connect() says so
+    _WorkerPlugin = object  # type: ignore[assignment,misc]
+
+
+class OwnProcessGroup(_WorkerPlugin):  # type: ignore[misc,valid-type]
+    """A worker plugin that moves each worker process of an owned cluster into its own process group."""
+
+    name = "prefect-cudf-polars-own-process-group"
+
+    def setup(self, worker: Any) -> None:
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # already a group (or session) leader
+            pass
+
+
+def own_process_groups(client: Any) -> None:
+    """Give every worker of an owned cluster (now and after a restart) its own process group."""
+    client.register_plugin(OwnProcessGroup())
 
 
 def worker_gpu_report() -> dict[str, Any]:
@@ -191,6 +224,7 @@ def connect(
         cluster = start_cluster(block)
         try:
             client = Client(cluster)
+            own_process_groups(client)
         except BaseException:
             cluster.close()
             raise

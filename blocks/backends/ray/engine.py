@@ -1,13 +1,16 @@
 """
 The ``ray`` backend: cudf-polars' ``RayEngine``, one rank (actor) per GPU.
 
-Without ``ray_address`` the engine calls ``ray.init(address="local")`` and its
-shutdown calls ``ray.shutdown()``: a new local Ray the session started and
-stops, even when ``RAY_ADDRESS`` is set or another Ray runs on the machine
-(plain ``ray.init()`` would attach to those; Ray's ``ray.init`` docs). With
-``ray_address`` it connects (``ray.init(address=...)``); ``ray.shutdown()`` then
-only disconnects this driver, and the cluster keeps running. Ray is optional:
-``pip install ray``.
+Without ``ray_address`` the session starts a new local Ray head of its own
+(:mod:`~prefect_cudf_polars.blocks.backends.ray.head`: outside the flow run's
+process group, killed with the flow process), the engine connects to it, and
+the session's end stops it; this holds even when ``RAY_ADDRESS`` is set or
+another Ray runs on the machine. With ``ray_address`` it connects
+(``ray.init(address=...)``); ``ray.shutdown()`` then only disconnects this
+driver, and the cluster keeps running. In both cases Ray's failure signal
+handler is kept out of the driver, so a SIGTERM leaves the teardown time to
+finish. If this process already called ``ray.init`` itself, cudf-polars uses
+that Ray and leaves it running. Ray is optional: ``pip install ray``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends.ray.connect import explain_connect_failure, reload_auth_token
+from prefect_cudf_polars.blocks.backends.ray.head import disable_failure_signal_handler, start_local_head
 from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine
 from prefect_cudf_polars.blocks.backends.streaming_options import engine_kwargs, silence_unstable_warning
 from prefect_cudf_polars.blocks.errors import NoGPUError
@@ -41,18 +45,31 @@ def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
             "backend='ray' needs Ray, which is not installed: `pip install ray`, "
             "or choose backend='spmd' or 'dask'."
         )
+    disable_failure_signal_handler()
+    import ray
     from cudf_polars.engine.ray import RayEngine
 
     silence_unstable_warning()
-    init = {"address": block.ray_address or "local"}
-    reload_auth_token()  # not a token an earlier Ray session in this process loaded
+    head = None
+    if block.ray_address:
+        init = {"address": block.ray_address}
+        reload_auth_token()  # not a token an earlier Ray session in this process loaded
+    elif ray.is_initialized():
+        init = {}  # cudf-polars 26.10 then uses the Ray this process started, and leaves it running
+    else:
+        head = start_local_head()
+        init = {"address": head.address}
     try:
         engine = RayEngine(ray_init_options=init, **engine_kwargs(block))
     except ConnectionError as exc:
+        if head is not None:
+            head.stop()
         if not block.ray_address:
             raise
         raise explain_connect_failure(block.ray_address, exc) from exc
     except RuntimeError as exc:
+        if head is not None:
+            head.stop()
         if "GPU" in str(exc):
             where = block.ray_address or "the local Ray started for this session"
             raise NoGPUError(
@@ -61,8 +78,14 @@ def start(block: CudfPolarsEngine) -> StreamingRunningEngine:
                 "backend='spmd' on a single GPU."
             ) from exc
         raise
-    running = StreamingRunningEngine("ray", engine)
-    running.extra_description = {
-        "cluster": f"external Ray {block.ray_address}" if block.ray_address else "owned local Ray"
-    }
+    except BaseException:
+        if head is not None:
+            head.stop()
+        raise
+    running = StreamingRunningEngine("ray", engine, on_shutdown=head.stop if head is not None else None)
+    if block.ray_address:
+        cluster = f"external Ray {block.ray_address}"
+    else:
+        cluster = "owned local Ray" if head is not None else "the Ray this process started (left running)"
+    running.extra_description = {"cluster": cluster}
     return running

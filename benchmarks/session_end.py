@@ -1,0 +1,191 @@
+"""
+How much a flow run's end costs with many GPU results: the engine session's end for N results.
+
+::
+
+    python -m benchmarks.session_end --results 1000 --backend cpu --out output/bench/session_end.json
+
+Two flow runs of the same shape, each ``.submit()``-ing N tasks that each run a small
+query (1,000 rows) and waiting for all of them in the flow body:
+
+* ``ours``: a ``gpu_task`` returning a ``GPUResult`` on ``CudfPolarsTaskRunner(block)``;
+  the results are left unconsumed, so the session's end releases all N (the worst case);
+* ``plain``: a plain Prefect ``@task`` returning the host DataFrame on Prefect's
+  ``ThreadPoolTaskRunner``: what a flow run's end costs without us.
+
+Figures (seconds, ``time.perf_counter``):
+
+* ``tasks_s``: flow body start to the last future resolved;
+* ``end_s``: last future resolved to the flow call's return (for ``ours``: the session's
+  end, result releases, end line, summary artifact, ``engine.stopped``);
+* ``artifacts_s`` (``ours``): flow call's return to the last of the N result artifacts
+  readable through the API (artifacts written in the background after the run ended);
+* ``session_close_s`` (``ours``): the part of ``end_s`` spent in the session's own end
+  (``EngineSession.close``: teardown, and the wait of at most 1 s for its summary
+  artifact and ``engine.stopped``);
+* ``session_end_added_s`` = ``ours.end_s - plain.end_s``: what our session adds to the
+  flow run's end, Prefect's own end work included (on a small machine with a local API,
+  that work is slowed by the API writing the run's events and artifacts in the
+  background). Goal: at most 1 s for 1,000 results on a 2-core machine.
+
+The Prefect API is the one ``PREFECT_API_URL`` names, else Prefect's ephemeral local API.
+Prints the JSON it writes to ``--out``.
+
+``--no-result-artifacts``, ``--no-plans``, ``--no-events`` and ``--no-summary-artifact``
+switch the session monitor's parts off (``prefect_cudf_polars.blocks.monitoring.monitor.
+DEFAULT_OPTIONS``), for a breakdown of what each costs; ``artifacts_s`` is then ``None``
+without result artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Before Prefect is imported: the ephemeral API's first start migrates its database,
+# which took ~40 s on a 2-core machine (Prefect's default timeout is shorter).
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+
+import polars as pl  # noqa: E402
+from prefect import flow, task  # noqa: E402
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session  # noqa: E402
+from prefect_cudf_polars.blocks.monitoring import monitor  # noqa: E402
+from prefect_cudf_polars.tasks import gpu_task  # noqa: E402
+
+ROWS = 1_000
+#: Most artifacts the API returns per read.
+PAGE = 200
+
+
+def small_query(i: int) -> pl.LazyFrame:
+    """1,000 rows, two columns; ``i`` makes each task's query its own."""
+    return pl.LazyFrame({"k": range(ROWS)}).with_columns(v=pl.col("k") * i)
+
+
+@gpu_task(task_run_name="gpu-{i}")
+def gpu_step(i: int) -> pl.LazyFrame:
+    return small_query(i)
+
+
+@task(persist_result=False, cache_policy=NO_CACHE, task_run_name="plain-{i}")
+def plain_step(i: int) -> pl.DataFrame:
+    return small_query(i).collect()
+
+
+def _timed_flow(step: Any, results: int, runner: Any, name: str) -> dict[str, Any]:
+    marks: dict[str, float] = {}
+
+    sessions: list[Any] = []
+
+    @flow(name=name, task_runner=runner)
+    def many() -> int:
+        marks["body_start"] = time.perf_counter()
+        futures = [step.submit(i) for i in range(results)]
+        for future in futures:
+            future.result()
+        marks["tasks_done"] = time.perf_counter()
+        if isinstance(runner, CudfPolarsTaskRunner):
+            sessions.append(get_engine_session())
+        return len(futures)
+
+    state = many(return_state=True)
+    returned = time.perf_counter()
+    if not state.is_completed():
+        raise RuntimeError(f"flow run {name} ended {state.type.value}: {state.message}")
+    figures = {
+        "flow_run_id": str(state.state_details.flow_run_id),
+        "tasks_s": marks["tasks_done"] - marks["body_start"],
+        "end_s": returned - marks["tasks_done"],
+        "returned_at": returned,
+    }
+    if sessions:
+        # The session's own share of end_s: EngineSession.close (teardown and monitor wait).
+        figures["session_close_s"] = sessions[0].end_seconds
+    return figures
+
+
+def _wait_for_result_artifacts(flow_run_id: str, results: int, timeout: float) -> float | None:
+    """``time.perf_counter()`` when ``results`` task-run artifacts of the flow run exist; ``None`` past ``timeout``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterTaskRunId,
+    )
+
+    flt = ArtifactFilter(
+        flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+        task_run_id=ArtifactFilterTaskRunId(is_null_=False),
+    )
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        found = 0
+        with get_client(sync_client=True) as client:
+            while page := client.read_artifacts(artifact_filter=flt, limit=PAGE, offset=found):
+                found += len(page)
+        if found >= results:
+            return time.perf_counter()
+        time.sleep(0.5)
+    return None
+
+
+def measure(results: int, backend: str, artifact_timeout: float) -> dict[str, Any]:
+    """Run both flow runs and return the figures (see the module docstring)."""
+    block = CudfPolarsEngine(backend=backend, raise_on_fail=True)
+    plain = _timed_flow(plain_step, results, ThreadPoolTaskRunner(), "session-end-plain")
+    ours = _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), "session-end-ours")
+    found_at = (
+        _wait_for_result_artifacts(ours["flow_run_id"], results, artifact_timeout)
+        if monitor.DEFAULT_OPTIONS.result_artifacts
+        else None
+    )
+    ours["artifacts_s"] = None if found_at is None else found_at - ours["returned_at"]
+    for run in (plain, ours):
+        del run["returned_at"]
+    return {
+        "results": results,
+        "backend": backend,
+        "plain": plain,
+        "ours": ours,
+        "session_end_added_s": ours["end_s"] - plain["end_s"],
+        "monitoring": dataclasses.asdict(monitor.DEFAULT_OPTIONS),
+        "cpus": os.cpu_count(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=int, default=1000, help="GPU tasks (results) in the flow run")
+    parser.add_argument("--backend", default="cpu", help="engine block backend: cpu, spmd, dask, ray, auto")
+    parser.add_argument("--artifact-timeout", type=float, default=900.0,
+                        help="seconds to wait for the result artifacts after the flow run")
+    parser.add_argument("--out", type=Path, help="JSON file to write")
+    for part in ("result-artifacts", "plans", "events", "summary-artifact"):
+        parser.add_argument(f"--no-{part}", action="store_true", help=f"switch the monitor's {part.replace('-', ' ')} off")
+    args = parser.parse_args(argv)
+    monitor.DEFAULT_OPTIONS = monitor.MonitorOptions(
+        result_artifacts=not args.no_result_artifacts,
+        plans=not args.no_plans,
+        events=not args.no_events,
+        summary_artifact=not args.no_summary_artifact,
+    )
+    figures = measure(args.results, args.backend, args.artifact_timeout)
+    text = json.dumps(figures, indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""
+The guardian of a session's own Ray head: run as a file, it leads the head's session and ends it with its parent.
+
+``python guardian.py PARENT_PID RAY_ARGS...``, started in a new session by
+:mod:`~prefect_cudf_polars.blocks.backends.ray.head`. It asks Linux to send it
+SIGTERM when the thread that started it ends (``PR_SET_PDEATHSIG``), starts
+``ray RAY_ARGS...`` (``ray start --head --block``) as its child and waits. On
+SIGTERM (its parent died, however: SIGKILL included) it SIGKILLs every process
+of its session and exits. Ray's processes do not all end with ``ray start``:
+with Ray 2.60 its dashboard and runtime-env agents outlive a killed head.
+
+Only the standard library: it must start fast and import nothing of ours.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of the processes in session ``sid`` (Linux ``/proc``)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+            found.append(int(entry))
+    return found
+
+
+def end_session(*_: object) -> None:
+    """SIGKILL every other process of this session, then exit."""
+    me = os.getpid()
+    for pid in session_members(me):
+        if pid != me:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    os._exit(0)
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, end_session)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(argv[0]):  # the parent ended before the signal was armed
+        end_session()
+    child = subprocess.Popen([sys.executable, "-c", "from ray.scripts.scripts import main; main()", *argv[1:]])
+    return child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

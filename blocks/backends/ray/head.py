@@ -1,0 +1,188 @@
+"""
+The local Ray a ``ray`` session owns: a head of its own, outside the flow run's process group.
+
+A Prefect process worker cancels a flow run with SIGTERM to the run's whole
+process group. A Ray that ``ray.init(address="local")`` starts lives in that
+group: on SIGTERM its node "drains for up to 30 seconds", so the group lives
+until the worker's SIGKILL and the run is Cancelled about 33 s after the
+request (Ray 2.60). So the session starts the head itself:
+
+* ``ray start --head --block`` on 127.0.0.1 and a free port, in a new session
+  (``start_new_session``): the group SIGTERM reaches only the flow process,
+  whose teardown then ends the rank actors, disconnects (``ray.shutdown()``)
+  and kills every process of the head's session (SIGKILL: the head's own
+  SIGTERM path would drain for 30 s);
+* the head's session is led by a guardian
+  (:mod:`~prefect_cudf_polars.blocks.backends.ray.guardian`) that gets
+  ``PR_SET_PDEATHSIG`` (Linux): if the flow process is killed (SIGKILL, no
+  teardown), the guardian kills every process of the head's session. It is
+  started from the session's owner thread, which outlives it (the signal
+  follows the thread that created the process);
+* token authentication is explicit, as for any ``ray start --head``: the head
+  and this driver share a new ``RAY_AUTH_MODE=token`` / ``RAY_AUTH_TOKEN``, set
+  in this process's environment while the session runs and put back after
+  (``ray start --head`` turns token authentication on by itself when
+  ``~/.ray/auth_token`` exists; see :mod:`~prefect_cudf_polars.blocks.backends.ray.connect`).
+
+Ray internals used here (Ray 2.60): ``ray.scripts.scripts.main`` (the ``ray``
+command line) and ``ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``
+(see :func:`disable_failure_signal_handler`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prefect_cudf_polars.blocks.backends.ray.connect import RayClusterError, reload_auth_token
+from prefect_cudf_polars.blocks.backends.ray.guardian import session_members
+
+#: Seconds to wait for the head's GCS port to answer.
+START_TIMEOUT_S = 60.0
+
+#: Leads the head's session and ends it when this process's starting thread ends.
+GUARDIAN = Path(__file__).with_name("guardian.py")
+
+_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+def disable_failure_signal_handler() -> None:
+    """
+    Keep Ray's C++ failure signal handler out of this driver (before ``ray.init``).
+
+    With it, a SIGTERM to the driver prints ``*** SIGTERM received`` and arms an
+    abort 3 s later (absl's ``alarm_on_failure_secs``), which ends the flow
+    process in the middle of its teardown. Ray reads
+    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` when ``ray._private.ray_constants`` is
+    imported and the driver's core worker reads that constant at ``ray.init``
+    (Ray 2.60); both are set, for a Ray imported before this call.
+    """
+    os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
+    if "ray._private.ray_constants" in sys.modules:
+        sys.modules["ray._private.ray_constants"].RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class LocalHead:
+    """
+    A ``ray start --head`` this session started and stops.
+
+    Attributes
+    ----------
+    address : str
+        ``127.0.0.1:<port>``, for ``ray.init(address=...)``.
+    process : subprocess.Popen
+        The ``ray start --block`` process (its process group holds the node).
+    """
+
+    def __init__(self) -> None:
+        port = _free_port()
+        self.address = f"127.0.0.1:{port}"
+        # Ports of its own, so that two sessions' heads (or another Ray) on the machine do not meet.
+        ports = [
+            f"--{name}={_free_port()}"
+            for name in ("dashboard-port", "dashboard-agent-listen-port", "metrics-export-port")
+        ]
+        self._saved = {name: os.environ.get(name) for name in _AUTH_VARIABLES}
+        token = secrets.token_hex(32)
+        env = {
+            **os.environ,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": token,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # What cudf-polars sets before its own ray.init (cudf-polars 26.10, engine/ray.py).
+            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": os.environ.get("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0"),
+        }
+        self.process = subprocess.Popen(
+            [
+                sys.executable, str(GUARDIAN), str(os.getpid()),
+                "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                "--include-dashboard=false", "--disable-usage-stats", *ports,
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            self._wait_until_it_answers(port)
+        except BaseException:
+            self.stop()
+            raise
+        os.environ["RAY_AUTH_MODE"], os.environ["RAY_AUTH_TOKEN"] = "token", token
+        reload_auth_token()
+
+    def _wait_until_it_answers(self, port: int) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _answers(port):
+            if self.process.poll() is not None:
+                said = (self.process.stderr.read() if self.process.stderr else b"").decode(errors="replace")
+                raise RayClusterError(
+                    f"The local Ray head for this session (ray start --head, port {port}) ended "
+                    f"with exit status {self.process.returncode} before it answered: {said[-2000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise RayClusterError(
+                    f"The local Ray head for this session (ray start --head, port {port}) did not "
+                    f"answer within {START_TIMEOUT_S:g} s. Check that Ray runs on this machine "
+                    "(`ray start --head`), or give the block a ray_address."
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Kill every process of the head's session, wait for it, put this process's Ray token back (idempotent)."""
+        # Ray's worker processes lead process groups of their own inside the head's
+        # session (Ray 2.60), so the whole session is killed, not only the head's group.
+        for pid in [self.process.pid, *session_members(self.process.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL could not end
+            pass
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        reload_auth_token()
+
+
+def start_local_head() -> LocalHead:
+    """
+    Start a local Ray head for one session (call on the session's owner thread).
+
+    Returns
+    -------
+    LocalHead
+
+    Raises
+    ------
+    RayClusterError
+        When the head ends or does not answer within :data:`START_TIMEOUT_S` seconds.
+    """
+    return LocalHead()

@@ -1,0 +1,55 @@
+"""
+``GPUTask``: the Prefect task type of every task that runs on the engine session.
+
+It is Prefect's ``Task`` with one addition: a run submitted with ``.submit()``
+or ``.map()`` is registered with the innermost session provider
+(:func:`~prefect_cudf_polars.blocks.active.serve_future`). A
+``with block.session():`` then waits for the GPU task runs submitted inside it
+before it ends (bounded by the block's ``teardown_timeout``); a
+``CudfPolarsTaskRunner`` needs no registration (Prefect's thread pool waits
+for its task runs before the runner closes the session).
+
+Prefect 3.9's ``Task.with_options`` builds a plain ``Task``; :meth:`GPUTask.with_options`
+keeps the type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prefect import Task
+
+from prefect_cudf_polars.blocks.active import serve_future
+
+
+class GPUTask(Task):  # type: ignore[type-arg]
+    """A Prefect task whose submitted runs keep a ``with block.session():`` open until they end."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        """Prefect's ``Task.submit``; the returned future is served by the innermost session."""
+        submitted = super().submit(*args, **kwargs)
+        if not kwargs.get("return_state"):
+            serve_future(submitted)
+        return submitted
+
+    def map(self, *args: Any, **kwargs: Any) -> Any:
+        """Prefect's ``Task.map``; each returned future is served by the innermost session."""
+        submitted = super().map(*args, **kwargs)
+        if not kwargs.get("return_state") and not kwargs.get("deferred"):
+            for future in submitted:
+                serve_future(future)
+        return submitted
+
+    def with_options(self, *args: Any, **kwargs: Any) -> GPUTask:
+        """Prefect's ``Task.with_options``, returning a ``GPUTask``."""
+        copy = super().with_options(*args, **kwargs)
+        copy.__class__ = type(self)
+        return copy
+
+
+def gpu_prefect_task(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """``prefect.task`` for engine tasks: the same options, a :class:`GPUTask`."""
+    if fn is None:
+        return lambda user_fn: GPUTask(fn=user_fn, **options)
+    return GPUTask(fn=fn, **options)

@@ -1,0 +1,78 @@
+"""
+Cancelling a deployment's flow run through the API is as clean as success, on every backend.
+
+A real ``prefect worker start --type process`` runs ``tests/reliability/scripts/flow_until_signalled.py``
+(three results, one consumed, then a wait in the flow body) on the backend under test: ``cpu``,
+and on a GPU ``spmd``, ``dask`` (an owned ``LocalCUDACluster``) and ``ray`` (a local Ray). The
+test asks the API to cancel the run. Prefect 3.9's process worker then sends SIGTERM to the
+run's whole process group (an owned cluster included) and SIGKILL 30 s later. Required:
+
+* the run is ``Cancelled`` within 10 s of the request;
+* the session's end line was written (results produced 3, consumed 1, released unconsumed 2)
+  with a complete teardown, and the ``engine.stopped`` event reached the API;
+* no process of the run is left, and on a GPU the device memory is back to its figure before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL
+
+from api_reads import events_of
+from nvidia_smi import device_memory_used_mib, wait_back_to
+from process_worker import SUBPROCESS_BACKENDS, cancel_and_wait, process_worker_deployment
+from processes import pid_alive, wait_until
+
+FLOW_FOLDER = Path(__file__).parents[1] / "reliability" / "scripts"
+CANCELLED_WITHIN_S = 10.0
+ENGINE_STOPPED = "prefect_cudf_polars.engine.stopped"
+
+
+
+@pytest.mark.parametrize("backend", SUBPROCESS_BACKENDS)
+@pytest.mark.timeout(600)
+def test_a_cancelled_flow_run_is_cancelled_within_10_s_with_its_teardown_done(backend, tmp_path, orders):
+    from prefect.deployments import run_deployment
+
+    pool = f"cancel-{tmp_path.name}"[:50]
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+        "PREFECT_CUDF_POLARS_TEST_BACKEND": backend,
+    }
+    device_memory_before = device_memory_used_mib() if backend != "cpu" else None
+    ready_file = tmp_path / "ready.json"
+    with process_worker_deployment(
+        pool, flow_name="hold-results", entrypoint="flow_until_signalled.py:hold_results", folder=FLOW_FOLDER,
+        parameters={"evidence": str(tmp_path), "path": str(orders)}, env=env, log=tmp_path / "worker.log",
+    ) as worker:
+        flow_run = run_deployment(f"hold-results/{pool}", timeout=0)
+        wait_until(lambda: ready_file.exists() or worker.poll() is not None, 300, "the flow run holding its results")
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-4000:]
+        ready = json.loads(ready_file.read_text())
+        assert ready["flow_run_id"] == str(flow_run.id) and ready["live"] == ["live", "live"]
+        state, seconds = cancel_and_wait(flow_run.id)
+        print(f"{backend}: Cancelling to {state.type.value} in {seconds:.1f} s")
+        assert state.is_cancelled(), state
+        assert seconds <= CANCELLED_WITHIN_S, f"{backend}: Cancelled {seconds:.1f} s after the request"
+    # No process of the run is left.
+    assert not pid_alive(ready["pid"])
+    assert not [p for p in ready["children"] if pid_alive(p)], "processes of the flow run left behind"
+    # The session's end, written synchronously by the flow process before it ended.
+    log = (tmp_path / "flow.log").read_text().splitlines()
+    ended = [line for line in log if "engine session ended" in line]
+    assert len(ended) == 1, f"{backend}: {len(ended)} session end lines; flow log:\n" + "\n".join(log[-40:])
+    assert (
+        f"backend={backend}, results produced 3, consumed 1, released unconsumed 2" in ended[0]
+    ), ended[0]
+    assert not [line for line in log if "teardown stopped waiting" in line], log[-20:]
+    stopped = [e for e in events_of(flow_run.id, expect={ENGINE_STOPPED: 1}) if e.event == ENGINE_STOPPED]
+    assert stopped and stopped[0].payload["teardown"] == "complete", stopped
+    if device_memory_before is not None:
+        wait_back_to(device_memory_before, 60, "device memory back to its figure before")

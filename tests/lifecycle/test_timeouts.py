@@ -1,0 +1,139 @@
+"""
+``timeout_seconds`` on a GPU task (real Prefect API; cpu backend, and spmd marked ``gpu``).
+
+What a timed-out GPU task does:
+
+* its task run ends ``TimedOut`` at its timeout: its thread stops waiting for the engine.
+  The engine call itself, on the session's owner thread, cannot be interrupted and runs
+  to its end;
+* the result that call produces later is released when it arrives: never live, never
+  leaked (the engine's memory is back to its figure before);
+* task runs queued behind it on the owner thread run, with correct results;
+* the session's teardown still completes.
+
+The cpu backend's slow query sleeps inside the engine call; on the GPU the slow query is a
+high-cardinality group-by grown until one engine call takes at least 2 s, and the timeout
+is a quarter of that call's time.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import polars as pl
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
+from prefect_cudf_polars.tasks import collect, execute, gpu_task
+from slow_queries import heavy_group_by, sleeping
+
+TIMEOUT_S = 1.0
+#: Seconds the cpu backend's slow query spends in its engine call.
+SLOW_S = 6.0
+#: Set on the owner thread when the slow query's engine call is under way.
+in_engine_call = threading.Event()
+
+
+@gpu_task(name="times-out", timeout_seconds=TIMEOUT_S)
+def times_out(path: str) -> pl.LazyFrame:
+    def mark(s: pl.Series) -> pl.Series:
+        in_engine_call.set()
+        return s
+
+    marked = pl.scan_parquet(path).with_columns(pl.col("id").map_batches(mark, return_dtype=pl.Int64))
+    return sleeping(marked, SLOW_S)
+
+
+def span(task_run_id):
+    """A task run's final state and its seconds from start to end, from the API."""
+    with get_client(sync_client=True) as client:
+        run = client.read_task_run(task_run_id)
+    return run.state, (run.end_time - run.start_time).total_seconds()
+
+
+def check_timed_out(session, task_run_id, live, before, after, engine_s: float, slack: int = 0) -> None:
+    """
+    The checks of a timed-out GPU task (see the module docstring).
+
+    ``slack``: bytes the engine may hold above its figure before (rmm's figure on a GPU
+    may differ by a few bytes of allocator bookkeeping; the cpu backend's is exact).
+    """
+    state, seconds = span(task_run_id)
+    assert state.name == "TimedOut", state
+    assert seconds < engine_s * 0.75, (
+        f"the task run ended {seconds:.1f} s after it started: it waited for the engine call "
+        f"(~{engine_s:.1f} s) instead of ending at its timeout"
+    )
+    assert live == (), f"the late result is still live: {live}"
+    assert after - before <= slack, f"the engine holds {after} bytes, {before} before the timed-out task"
+    assert session.summary()["teardown"] == "complete"
+
+
+def test_a_submitted_gpu_task_past_its_timeout_ends_timed_out_and_its_late_result_is_released(cpu_block, orders):
+    in_engine_call.clear()
+
+    @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
+    def pipeline():
+        session = get_engine_session()
+        before = session.memory_in_use()
+        late = times_out.submit(str(orders))
+        assert in_engine_call.wait(60)
+        behind = collect.submit(pl.scan_parquet(orders))  # queued behind the slow call
+        rows = behind.result().height
+        late.wait()
+        return session, late.task_run_id, rows, session.live_results, before, session.memory_in_use()
+
+    session, run_id, rows, live, before, after = pipeline()
+    assert rows == 1000
+    check_timed_out(session, run_id, live, before, after, SLOW_S)
+
+
+@pytest.mark.timeout(300, method="thread")  # leaves SIGALRM to Prefect: a task in the main thread times out by alarm
+def test_a_gpu_task_called_in_the_flow_body_past_its_timeout_ends_timed_out(cpu_block, orders):
+    in_engine_call.clear()
+
+    @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
+    def pipeline():
+        session = get_engine_session()
+        before = session.memory_in_use()
+        state = times_out(str(orders), return_state=True)
+        rows = collect(pl.scan_parquet(orders)).height  # queued behind the slow call
+        return session, state, rows, session.live_results, before, session.memory_in_use()
+
+    session, state, rows, live, before, after = pipeline()
+    assert rows == 1000
+    check_timed_out(session, state.state_details.task_run_id, live, before, after, SLOW_S)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(900)
+def test_on_the_gpu_a_timed_out_task_ends_at_its_timeout_and_its_late_result_is_released():
+    block = CudfPolarsEngine(backend="spmd", raise_on_fail=True)
+
+    @flow(task_runner=CudfPolarsTaskRunner(block))
+    def pipeline():
+        session = get_engine_session()
+        rows, seconds = 25_000_000, 0.0
+        while True:  # grow the query until one engine call takes >= 2 s
+            query = heavy_group_by(rows)
+            calibration = execute(query, name="calibration")
+            seconds = calibration.engine_seconds
+            calibration.release()
+            if seconds >= 2.0 or rows >= 800_000_000:
+                break
+            rows *= 2
+        assert seconds >= 2.0, f"no query of at most {rows:,} rows took 2 s ({seconds:.2f} s)"
+        before = session.memory_in_use()
+        late = execute.with_options(timeout_seconds=seconds / 4).submit(query, name="times out")
+        alongside = collect.submit(pl.LazyFrame({"a": list(range(10))}))
+        late.wait()
+        # Queued behind the engine call that is still running: when it returns, the late result has arrived.
+        behind = collect(pl.LazyFrame({"a": list(range(20))})).height
+        rows = (alongside.result().height, behind)
+        return session, late.task_run_id, rows, seconds, session.live_results, before, session.memory_in_use()
+
+    session, run_id, rows, seconds, live, before, after = pipeline()
+    assert rows == (10, 20)
+    check_timed_out(session, run_id, live, before, after, seconds, slack=2**20)
