@@ -32,6 +32,7 @@ calls what the harness patches, and this module needs adapting to its layout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import threading
 import time
@@ -64,10 +65,6 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _no_plan(lf: Any) -> str:
-    return "(plan rendering switched off by the benchmark)"
-
-
 def _inputs_as_given(obj: Any, session: Any, fresh: list[Any]) -> Any:
     return obj
 
@@ -87,12 +84,16 @@ class Piece:
     patches
         The monkeypatches (none for a piece switched off through a seam); the
         first one's calls are counted.
+    option
+        The :class:`~prefect_cudf_polars.blocks.monitoring.monitor.MonitorOptions`
+        field set to ``False`` on the session's monitor for the run, or ``None``.
     """
 
     name: str
     label: str
     seam: str
     patches: tuple[Patch, ...] = ()
+    option: str | None = None
 
 
 #: The pieces of ours on a GPU task's path. Patched names checked against this
@@ -101,20 +102,20 @@ PIECES: tuple[Piece, ...] = (
     Piece(
         "artifact",
         "artifact writing",
-        "no seam: the monitor's artifacts.create_artifact_for is monkeypatched (nothing is written)",
-        (("prefect_cudf_polars.blocks.monitoring.artifacts", "create_artifact_for", _nothing),),
+        "seam SessionMonitor.options.result_artifacts = False (no result artifact is built or written)",
+        option="result_artifacts",
     ),
     Piece(
         "plan",
         "plan rendering",
-        "no seam: artifacts.query_plan (LazyFrame.explain) is monkeypatched (the artifact is written without the plan)",
-        (("prefect_cudf_polars.blocks.monitoring.artifacts", "query_plan", _no_plan),),
+        "seam SessionMonitor.options.plans = False (result artifacts are written without the plan)",
+        option="plans",
     ),
     Piece(
         "events",
         "events",
-        "no seam: events.emit is monkeypatched (no result.created / result.consumed event)",
-        (("prefect_cudf_polars.blocks.monitoring.events", "emit", _nothing),),
+        "seam SessionMonitor.options.events = False (no prefect_cudf_polars.* event)",
+        option="events",
     ),
     Piece(
         "memory",
@@ -231,6 +232,29 @@ def switched_off(pieces: tuple[Piece, ...], counter: CallCounter) -> Iterator[No
         yield
 
 
+@contextlib.contextmanager
+def monitor_options(session: Any, off: dict[str, bool], counter: CallCounter) -> Iterator[None]:
+    """
+    Set the session monitor's options in ``off`` for the ``with`` block; restore them after.
+
+    Each piece switched off this way counts one call per run when the session's
+    monitor has the option (a renamed option fails here, not silently).
+    """
+    if not off:
+        yield
+        return
+    monitor = session.monitor
+    before = monitor.options
+    monitor.options = dataclasses.replace(before, **off)
+    for piece in PIECES:
+        if piece.option in off:
+            counter.add(piece.name)
+    try:
+        yield
+    finally:
+        monitor.options = before
+
+
 def session_chained(session: Any, pipeline: Pipeline, paths: Paths) -> RunOutcome:
     """One pipeline run through ``EngineSession.execute`` / ``collect`` in the flow body, no Prefect task."""
     steps_s: dict[str, float] = {}
@@ -278,8 +302,10 @@ class BreakdownRunner:
             counter.add("hop")
             return chain(p, tasks)
 
+        options_off = {p.option: False for p in PIECES if p.name in mode.off and p.option}
+
         def run() -> RunOutcome:
-            with switched_off(patched, counter):
+            with switched_off(patched, counter), monitor_options(session, options_off, counter):
                 outcome = thread.call(on_owner_thread) if "hop" in mode.off else chain(p, tasks)
                 settle(session)  # the artifacts are written with the pieces still off
             return outcome

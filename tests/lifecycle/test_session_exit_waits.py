@@ -30,7 +30,7 @@ def task_run_state(task_run_id):
         return client.read_task_run(task_run_id).state
 
 
-def test_a_block_session_waits_for_a_task_run_in_its_engine_call(cpu_block, orders):
+def test_a_block_session_waits_for_a_task_run_in_its_engine_call(cpu_block, orders, unchecked_cpu_backend):
     started = threading.Event()
 
     @gpu_task

@@ -71,7 +71,9 @@ def check_timed_out(session, task_run_id, live, before, after, engine_s: float, 
     assert session.summary()["teardown"] == "complete"
 
 
-def test_a_submitted_gpu_task_past_its_timeout_ends_timed_out_and_its_late_result_is_released(cpu_block, orders):
+def test_a_submitted_gpu_task_past_its_timeout_ends_timed_out_and_its_late_result_is_released(
+    cpu_block, orders, unchecked_cpu_backend
+):
     in_engine_call.clear()
 
     @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
@@ -91,7 +93,7 @@ def test_a_submitted_gpu_task_past_its_timeout_ends_timed_out_and_its_late_resul
 
 
 @pytest.mark.timeout(300, method="thread")  # leaves SIGALRM to Prefect: a task in the main thread times out by alarm
-def test_a_gpu_task_called_in_the_flow_body_past_its_timeout_ends_timed_out(cpu_block, orders):
+def test_a_gpu_task_called_in_the_flow_body_past_its_timeout_ends_timed_out(cpu_block, orders, unchecked_cpu_backend):
     in_engine_call.clear()
 
     @flow(task_runner=CudfPolarsTaskRunner(cpu_block))

@@ -1,0 +1,24 @@
+"""Fixtures of the lifecycle tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
+
+
+@pytest.fixture()
+def unchecked_cpu_backend(monkeypatch):
+    """
+    The ``cpu`` backend with its GPU-support check off, for :func:`slow_queries.sleeping`.
+
+    A sleeping Python function is how these tests hold an engine call open for a known
+    time; cudf-polars has no GPU implementation of Python functions, so the check would
+    refuse the query before it runs. The tests that use it are about the session and
+    its owner thread, not about GPU support, which ``tests/contract`` covers.
+    """
+
+    def unchecked(cls, block):
+        return cls(status="GPU support not checked: switched off by the lifecycle tests")
+
+    monkeypatch.setattr(GPUSupportCheck, "open", classmethod(unchecked))
