@@ -83,3 +83,22 @@ def read_run_logs(flow_run_id, *, expect: str | None = None, timeout: float = 20
     from api_reads import log_records
 
     return [log.message for log in log_records(flow_run_id, expect=expect, timeout=timeout)]
+
+
+@pytest.fixture()
+def unchecked_cpu_backend(monkeypatch):
+    """
+    The ``cpu`` backend with its GPU-support check off, for :func:`slow_queries.sleeping`.
+
+    A sleeping Python function is how these tests hold an engine call open for a known
+    time; cudf-polars has no GPU implementation of Python functions, so the check would
+    refuse the query before it runs. The tests that use it are about the session and
+    its owner thread, not about GPU support, which ``tests/contract`` covers.
+    """
+
+    def unchecked(cls, block):
+        return cls(status="GPU support not checked: switched off by the lifecycle tests")
+
+    from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
+
+    monkeypatch.setattr(GPUSupportCheck, "open", classmethod(unchecked))

@@ -367,10 +367,20 @@ def test_spmd_harness_small_run_matches_cpu(run_bench):
     )
     assert run.returncode == 0, run.output[-6000:]
     doc = run.results
-    assert len(doc["measurements"]) == len(PIPELINES) * len(PIPELINE_VARIANTS)
+    # On a GPU backend (g) runs in a command of its own (see the peer run below).
+    assert {(m["pipeline"], m["variant"]) for m in doc["measurements"]} == {
+        (p, v) for p in PIPELINES for v in PIPELINE_VARIANTS if v not in ("g", "g-nocache")
+    }
     for m in doc["measurements"]:
         assert m["status"] == "ok", (m["pipeline"], m["variant"], m.get("error"))
         assert m["matches_reference"] is True, (m["pipeline"], m["variant"], m.get("mismatch"))
+    peer = run_bench("--scale-factors", "0.01", "--runs", "2", "--warmups", "1", "--backend", "spmd", "--variants", "g", timeout=300)
+    assert peer.returncode == 0, peer.output[-6000:]
+    assert {(m["pipeline"], m["variant"]) for m in peer.results["measurements"]} == {
+        (p, v) for p in PIPELINES for v in ("g", "g-nocache")
+    }
+    for m in peer.results["measurements"]:
+        assert m["status"] == "ok" and m["matches_reference"] is True, (m["pipeline"], m["variant"], m)
     assert {m["name"]: m["status"] for m in doc["task_overhead"]} == {
         "gpu-task": "ok",
         "bare": "ok",
@@ -519,3 +529,17 @@ def test_spmd_breakdown_and_session_start(run_bench):
     for name in ("probe", "import", "options", "engine", "describe", "versions", "memory", "announce", "open"):
         assert all(v is not None and v >= 0 for v in pieces[name]["runs_ms"]), name
     assert pieces["engine"]["whose"] == "cudf-polars"
+
+
+def test_the_peer_variant_with_session_variants_on_a_gpu_backend_is_refused_before_anything_runs(tmp_path):
+    """cudf-polars 26.10 refuses its default engine beside an explicit one: (g) runs on its own."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--backend", "spmd", "--variants", "a,g", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "run g in a command of its own (--variants g)" in done.stderr
+    assert not any(tmp_path.iterdir()), "nothing is written for a refused command"

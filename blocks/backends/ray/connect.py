@@ -82,12 +82,20 @@ def reload_auth_token() -> None:
     Ray session calls this before starting, so it uses the token its environment
     holds now.
 
-    Uses Ray 2.60's ``ray._raylet.AuthenticationTokenLoader.reset_cache`` (what
-    ``ray.init()`` itself calls after writing a new token); does nothing with a
-    Ray that has no token authentication.
+    Ray 2.60 also caches ``RAY_AUTH_MODE`` in its configuration when it is
+    imported, so a mode set in the environment later (a local head's
+    ``token``, or its removal) is not seen until the configuration is read
+    again.
+
+    Uses Ray 2.60's ``ray._raylet.Config.initialize("")`` (what Ray's own
+    ``_enable_token_auth`` calls after setting ``RAY_AUTH_MODE``) and
+    ``ray._raylet.AuthenticationTokenLoader.reset_cache`` (what ``ray.init()``
+    itself calls after writing a new token); does nothing with a Ray that has
+    no token authentication.
     """
     try:
-        from ray._raylet import AuthenticationTokenLoader
+        from ray._raylet import AuthenticationTokenLoader, Config
     except ImportError:
         return
+    Config.initialize("")  # Ray 2.60: re-read RAY_AUTH_MODE from the environment
     AuthenticationTokenLoader.instance().reset_cache()
