@@ -304,7 +304,7 @@ def test_missing_gpu_is_recorded_and_the_cpu_variant_still_runs(run_bench):
             "--pipelines",
             "q1-pricing-summary",
             "--variants",
-            "a,b,e,f,g,h",
+            "a,b,e,f,h",
             "--overhead-calls",
             "2",
         )
@@ -313,7 +313,7 @@ def test_missing_gpu_is_recorded_and_the_cpu_variant_still_runs(run_bench):
     doc = run.results
     status = {(m["pipeline"], m["variant"]): m for m in doc["measurements"]}
     assert status[("q1-pricing-summary", "e")]["status"] == "ok"
-    for variant in ("a", "b", "g", "g-nocache", "h"):
+    for variant in ("a", "b", "h"):
         failed = status[("q1-pricing-summary", variant)]
         assert failed["status"] == "failed" and "NoGPUError" in failed["error"]
     assert {m["name"]: m["status"] for m in doc["task_overhead"]} == {
@@ -430,16 +430,34 @@ def test_breakdown_times_every_mode_with_each_piece_switched_off(breakdown_run):
 
 def test_switched_off_piece_is_replaced_then_restored():
     from benchmarks.breakdown import PIECES, CallCounter, switched_off
-    from prefect_cudf_polars.blocks.monitoring import events
+    from prefect_cudf_polars.blocks.session.memory import MemoryTracker
 
-    original = events.emit
+    original = MemoryTracker.read
     counter = CallCounter()
-    piece = next(p for p in PIECES if p.name == "events")
+    piece = next(p for p in PIECES if p.name == "memory")
     with switched_off((piece,), counter):
-        assert events.emit is not original
-        assert events.emit("x", {}, related=[], payload={}) is None
-    assert events.emit is original
-    assert counter.calls == {"events": 1}
+        assert MemoryTracker.read is not original
+        assert MemoryTracker.read(None) is None
+    assert MemoryTracker.read is original
+    assert counter.calls == {"memory": 1}
+
+
+def test_monitor_pieces_are_switched_off_through_the_session_monitors_options_then_restored():
+    from benchmarks.breakdown import CallCounter, monitor_options
+    from prefect_cudf_polars.blocks.monitoring.monitor import SessionMonitor
+
+    monitor = SessionMonitor("a-session-id")
+    session = type("Session", (), {"monitor": monitor})()
+    before = monitor.options
+    counter = CallCounter()
+    with monitor_options(session, {"events": False, "plans": False}, counter):
+        assert (monitor.options.events, monitor.options.plans, monitor.options.result_artifacts) == (False, False, True)
+    assert monitor.options is before and before.events and before.plans
+    assert counter.calls == {"plan": 1, "events": 1}
+    with pytest.raises(TypeError, match="no_such_option"):
+        with monitor_options(session, {"no_such_option": False}, counter):
+            pass
+    assert monitor.options is before
 
 
 def test_switching_off_a_piece_the_product_no_longer_has_is_refused():
