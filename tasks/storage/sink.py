@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
-from prefect_cudf_polars.tasks.inputs import drop_claimed
+from prefect_cudf_polars.tasks.inputs import drop_claimed, refuse_released
 from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.storage.location import (
@@ -213,6 +213,7 @@ def sink_parquet(
         raise ValueError(
             f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}."
         )
+    refuse_released(result)
     session = get_engine_session()
     result.check_readable()
     remote = is_s3_url(target)
