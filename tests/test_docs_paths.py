@@ -1,4 +1,4 @@
-"""Every repository path that README.md and the guides in docs/ name exists in the checkout."""
+"""README.md and the guides in docs/: every repository path they name exists, and the README stays short."""
 
 from __future__ import annotations
 
@@ -49,3 +49,8 @@ def test_the_path_check_sees_paths_and_refuses_missing_ones():
         "blocks/dask_lease.py",
     ]
     assert [p for p in found if not exists(p)] == ["blocks/dask_lease.py"]
+
+
+def test_the_readme_is_a_manual_of_at_most_12_kb():
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= 12_000, f"README.md is {size} bytes; move detail into docs/ and link it"
