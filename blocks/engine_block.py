@@ -76,10 +76,14 @@ class CudfPolarsEngine(Block):
         option; its default is min(1.5 GB, 2.5 % of the smallest GPU's memory)).
     max_rows_per_partition : int or None
         Most rows in one partition (cudf-polars' default 1,000,000).
-    spill_device_limit : str or None
-        Device memory use above which rapidsmpf spills to host, as a percentage
-        of GPU memory above 0 and at most 100 (``"80%"``, rapidsmpf's default) or
-        a positive number of bytes (``"60000000000"``).
+    spill_device_limit : int, str or None
+        Device memory use above which rapidsmpf spills to host: a percentage of
+        GPU memory above 0 and at most 100 (``"80%"``, rapidsmpf's default;
+        rapidsmpf 26.10 rounds a fraction of a percent to a whole one) or a
+        positive number of bytes (``60_000_000_000`` or ``"60000000000"``). A
+        float is refused: rapidsmpf would read ``0.8`` as 0.8 bytes, not 80 %.
+        cudf-polars 26.10 takes the limit as a string (``StreamingOptions``);
+        the engine adapters pass an int as its digits.
     device_memory_resource : {"async", "pool", "managed", "cuda"}
         The rmm memory resource: ``"async"`` (cudf-polars' default,
         ``CudaAsyncMemoryResource``), ``"pool"`` (``PoolMemoryResource`` over
@@ -119,7 +123,7 @@ class CudfPolarsEngine(Block):
     ------
     pydantic.ValidationError
         On a field with a bad value, naming the field and what it allows: for
-        example ``spill_device_limit="120%"``, an ``executor_options`` key that
+        example ``spill_device_limit="120%"`` or ``0.8``, an ``executor_options`` key that
         is not a streaming executor option (or one a named field or cudf-polars
         owns), or a field the block does not have (``target_partiton_size=5``,
         with the field it resembles).
@@ -154,9 +158,10 @@ class CudfPolarsEngine(Block):
     max_rows_per_partition: int | None = Field(
         default=None, gt=0, description="Most rows in one partition."
     )
-    spill_device_limit: str | None = Field(
+    spill_device_limit: int | str | None = Field(
         default=None,
-        description='Spill to host above this device memory use: "80%" or bytes.',
+        description='Spill to host above this device memory use: a percentage of GPU memory ("80%") '
+        "or a number of bytes.",
     )
     device_memory_resource: Literal["async", "pool", "managed", "cuda"] = Field(
         default="async", description="rmm memory resource."
@@ -202,20 +207,30 @@ class CudfPolarsEngine(Block):
                     )
         return values
 
-    @field_validator("spill_device_limit")
+    @field_validator("spill_device_limit", mode="before")
     @classmethod
-    def _check_spill_limit(cls, value: str | None) -> str | None:
+    def _check_spill_limit(cls, value: Any) -> int | str | None:
         if value is None:
             return None
+        allowed = (
+            'a percentage of GPU memory above 0% and at most 100% ("80%") or a positive '
+            'number of bytes (60_000_000_000 or "60000000000")'
+        )
+        if isinstance(value, float) and not isinstance(value, bool):
+            hint = f' (for a fraction of GPU memory write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
+            raise ValueError(f"spill_device_limit={value!r} is a float, not {allowed}{hint}")
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value <= 0:
+                raise ValueError(f"spill_device_limit={value!r} is not {allowed}")
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"spill_device_limit={value!r} is not {allowed}")
         match = _SPILL_LIMIT.match(value.strip())
         fits = match is not None and (
             0 < float(match["percent"]) <= 100 if match["percent"] else int(match["bytes"]) > 0
         )
         if not fits:
-            raise ValueError(
-                f"spill_device_limit={value!r} is not a percentage of GPU memory above 0% and "
-                'at most 100% ("80%") or a positive number of bytes ("60000000000")'
-            )
+            raise ValueError(f"spill_device_limit={value!r} is not {allowed}")
         return value.strip()
 
     @field_validator("executor_options")

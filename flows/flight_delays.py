@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from contextlib import ExitStack
 import sys
 from pathlib import Path
 
@@ -29,10 +30,11 @@ from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
 from rich.console import Console
 from rich.table import Table
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks import BlockNotFoundError, CudfPolarsEngine, NoGPUError
 from prefect_cudf_polars.blocks.engine_block import load_engine_block
 from prefect_cudf_polars.flows import report_queries
 from prefect_cudf_polars.flows.nycflights_data import ensure_parquet
@@ -205,14 +207,24 @@ def flight_delay_report(
 
     Raises
     ------
+    BlockNotFoundError
+        If no engine block named ``engine_block`` is saved.
     NoGPUError
         If the engine block asks for a GPU backend without ``cpu_fallback`` and
         there is no GPU.
+
+    Both are raised before any data is read; the flow run ends Failed with the
+    error's message as its state message, and no traceback is logged.
     """
-    progress = StepProgress(STEPS, key=PROGRESS_ARTIFACT)
-    paths = load_data(data_dir)
-    progress.done("load-nycflights13")
-    with _engine(engine_block).session() as session:
+    with ExitStack() as opened:
+        try:
+            session = opened.enter_context(_engine(engine_block).session())
+        except (BlockNotFoundError, NoGPUError) as exc:
+            # The message says what to do: the run fails with it alone, no traceback.
+            return Failed(message=str(exc), data=exc)
+        progress = StepProgress(STEPS, key=PROGRESS_ARTIFACT)
+        paths = load_data(data_dir)
+        progress.done("load-nycflights13")
         enriched = enrich_flights(paths)
         progress.done("enrich-flights", f"backend {session.backend}")
         monthly = route_month_delays(enriched)
@@ -240,14 +252,54 @@ def flight_delay_report(
     return report
 
 
+def _positive_int(text: str) -> int:
+    """``--top``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line: ``python -m prefect_cudf_polars.flows.flight_delays [--engine NAME] ...``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", default=None, help="saved cudf-polars-engine block name")
-    parser.add_argument("--output-dir", default="output")
-    parser.add_argument("--top", type=int, default=20)
-    parser.add_argument("--data-dir", default=None)
+    parser = argparse.ArgumentParser(
+        prog="python -m prefect_cudf_polars.flows.flight_delays",
+        description=__doc__.strip().split("\n\n")[0],
+    )
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="NAME",
+        help="saved cudf-polars-engine block to run on (see prefect-cudf-polars save-engine); "
+        "default: the GPU when there is one, else the cpu backend",
+    )
+    parser.add_argument(
+        "--output-dir",
+        default="output",
+        metavar="DIR",
+        help=f"folder for {REPORT_FILE} and {CHART_FILE}, created if missing (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--top",
+        type=_positive_int,
+        default=20,
+        metavar="N",
+        help="number of routes in the report, worst first (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="folder for the nycflights13 tables as parquet, written on the first run "
+        "(default: ~/.cache/prefect-cudf-polars/nycflights13)",
+    )
     args = parser.parse_args(argv)
+    for option, folder in (("--output-dir", args.output_dir), ("--data-dir", args.data_dir)):
+        if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
+            parser.error(f"{option} {folder} is a file; name a folder (it is created if missing)")
     # Prefect's telemetry service on a just-created local API database logs "database is
     # locked" (and, offline, "Failed to send telemetry") as ERRORs; the local API the
     # first call starts reads this from the environment.
@@ -256,8 +308,9 @@ def main(argv: list[str] | None = None) -> None:
         flight_delay_report(
             engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir
         )
-    except LookupError as exc:  # no saved block of that name: say what to do, no traceback
-        raise SystemExit(f"error: {exc}") from None
+    except (BlockNotFoundError, NoGPUError) as exc:  # what to do is in the message: no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from prefect_cudf_polars.blocks.monitoring.run_names import collect_run_name, ex
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
-from prefect_cudf_polars.tasks.inputs import as_query, drop_claimed
+from prefect_cudf_polars.tasks.inputs import as_query, drop_claimed, refuse_released
 from prefect_cudf_polars.tasks.retry_inputs import recompute_for_retry, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
@@ -49,6 +49,7 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
         If ``query`` is a GPUResult that cannot be read here.
     """
     warn_if_persistence_requested()
+    refuse_released(query)
     session = get_engine_session()
     lineage = Lineage.of_query(query)
     fresh: list[GPUResult] = []
@@ -87,6 +88,7 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
     TypeError, NoEngineSessionError, ResultReleasedError, ResultConsumedError, WrongEngineError
         As for :func:`execute`.
     """
+    refuse_released(query)
     session = get_engine_session()
     fresh: list[GPUResult] = []
     try:

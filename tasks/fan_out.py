@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
 from prefect_cudf_polars.blocks.results.split import split_result
+from prefect_cudf_polars.tasks.inputs import refuse_released
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
@@ -56,4 +57,5 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
         raise TypeError(f"tee(result, n): n must be an int, not {type(n).__name__}.")
     if n < 1:
         raise ValueError(f"tee(result, n): n must be at least 1, not {n}.")
+    refuse_released(result)
     return split_result(get_engine_session(), result, n)

@@ -24,7 +24,7 @@ from prefect_cudf_polars.blocks.monitoring.run_names import gpu_task_run_name
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 from prefect_cudf_polars.tasks.gpu_task_type import GPUTask
-from prefect_cudf_polars.tasks.inputs import drop_claimed
+from prefect_cudf_polars.tasks.inputs import drop_claimed, refuse_released
 from prefect_cudf_polars.tasks.retry_inputs import combined_retry_condition, recompute_for_retry
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
@@ -67,6 +67,7 @@ class GPUCall:
         NoEngineSessionError, CannotRecomputeError, ResultReleasedError, ResultConsumedError, WrongEngineError
             See :func:`gpu_task` (what was recomputed is freed first).
         """
+        refuse_released((args, kwargs))
         call = cls(name, get_engine_session(), Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}"), collect)
         try:
             call.args, call.kwargs = recompute_for_retry((args, kwargs), call.session, call.fresh)

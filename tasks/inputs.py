@@ -7,6 +7,30 @@ from typing import Any
 import polars as pl
 
 from prefect_cudf_polars.blocks import GPUResult
+from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+
+
+def refuse_released(value: Any) -> None:
+    """
+    Raise for the first released :class:`GPUResult` in ``value``; claim nothing.
+
+    Called before a task looks for its engine session, so that a result read
+    after its flow run ended (or after :meth:`GPUResult.release`) is reported
+    as released, not as a missing session.
+
+    Parameters
+    ----------
+    value : Any
+        A task's argument, or a container of them.
+
+    Raises
+    ------
+    ResultReleasedError
+        If a result in ``value`` was released; the message says why and what to do.
+    """
+    for result in gpu_results_in(value):
+        if result.state == "released":
+            result.check_readable()
 
 
 def as_query(query: Any, *, task: str) -> pl.LazyFrame:

@@ -37,7 +37,8 @@ def engine_kwargs(block: CudfPolarsEngine) -> dict[str, Any]:
     if block.max_rows_per_partition is not None:
         named["max_rows_per_partition"] = block.max_rows_per_partition
     if block.spill_device_limit is not None:
-        named["spill_device_limit"] = block.spill_device_limit
+        # cudf-polars 26.10's StreamingOptions.spill_device_limit is a str ("80%" or bytes).
+        named["spill_device_limit"] = str(block.spill_device_limit)
     if (mr := block.memory_resource_config()) is not None:
         named["memory_resource_config"] = MemoryResourceConfig(**mr)
     options = StreamingOptions(**named)

@@ -90,6 +90,13 @@ logger = logging.getLogger("prefect_cudf_polars.session")
 TERMINATING_TEARDOWN_S = 3.0
 
 
+def _in_flow_run() -> bool:
+    """Whether this code runs in a flow run (its log is where the session's lines go)."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return ctx is not None and ctx.flow_run is not None
+
 class EngineSession:
     """
     One engine for one flow run: owner thread, result registry, teardown.
@@ -119,6 +126,8 @@ class EngineSession:
         ``engine_start_s`` and ``engine_shutdown_s``, in seconds.
     fallback_warning : str or None
         Why the ``cpu`` backend runs instead of the GPU one asked for, if it does.
+        Said once: as a WARNING line in the flow run's log when the session opens
+        in a flow run, else as a Python ``RuntimeWarning`` at the user's line.
     monitor : SessionMonitor
         The session's events and artifacts (see its ``options`` to switch parts off).
     shutdown_thread : str or None
@@ -246,8 +255,9 @@ class EngineSession:
 
     def _start(self) -> None:
         self.backend, self.fallback_warning = resolve_backend(self.block)
-        if self.fallback_warning:
-            # Once as a Python warning here; announce() logs it once to the flow run.
+        if self.fallback_warning and not _in_flow_run():
+            # Outside a flow run: a Python warning, at the user's line. In a flow run,
+            # announce() writes it once to the flow run's log (console and UI) instead.
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
         self._owner = OwnerThread(f"cudf-polars-engine-owner-{self.id[:8]}", self.ended_message)
         try:

@@ -37,6 +37,7 @@ from prefect_cudf_polars.tasks.storage.assets import declare_sources
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access, scrub
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_engine_error
 from prefect_cudf_polars.tasks.storage.location import S3Location, check_readable, is_s3_url, parse_s3_url
+from prefect_cudf_polars.tasks.storage.run_names import read_parquet_run_name, source_name
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
@@ -175,7 +176,7 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
     )
 
 
-@task(name="cudf-polars-read-parquet", **gpu_task_defaults())
+@task(name="cudf-polars-read-parquet", task_run_name=read_parquet_run_name, **gpu_task_defaults())
 def read_parquet(
     source: str | list[str],
     credentials: AwsCredentials | None = None,
@@ -204,7 +205,9 @@ def read_parquet(
     predicate : polars.Expr, optional
         Rows to keep, e.g. ``pl.col("distance") > 0``.
     name : str, optional
-        Readable name of the result (default: ``"read_parquet"``).
+        Readable name of the result (default: the file's stem or the folder's
+        name, ``"trips"`` for ``s3://lake/trips/``). The task run is named
+        ``read-parquet-<name>``.
 
     Returns
     -------
@@ -236,9 +239,8 @@ def read_parquet(
         lf = lf.select(columns)
     if predicate is not None:
         lf = lf.filter(predicate)
+    name = name or source_name(sources)
     if not remote:
-        return session.execute(lf, name=name or "read_parquet")
+        return session.execute(lf, name=name)
     assert access is not None
-    return run_reading_s3(
-        session, access, session.execute, lf, url=remote[0], name=name or "read_parquet"
-    )
+    return run_reading_s3(session, access, session.execute, lf, url=remote[0], name=name)

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from prefect_cudf_polars.blocks import GPUResult, get_engine_session
-from prefect_cudf_polars.tasks.inputs import drop_claimed
+from prefect_cudf_polars.tasks.inputs import drop_claimed, refuse_released
 from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.storage.location import (
@@ -48,6 +48,7 @@ from prefect_cudf_polars.tasks.storage.location import (
     parse_s3_url,
 )
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
+from prefect_cudf_polars.tasks.storage.run_names import sink_parquet_run_name
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
@@ -155,7 +156,11 @@ def _upload(
     return urls
 
 
-@task(name="cudf-polars-sink-parquet", **gpu_task_defaults(returns_gpu_result=False))
+@task(
+    name="cudf-polars-sink-parquet",
+    task_run_name=sink_parquet_run_name,
+    **gpu_task_defaults(returns_gpu_result=False),
+)
 def sink_parquet(
     result: GPUResult,
     target: str,
@@ -213,6 +218,7 @@ def sink_parquet(
         raise ValueError(
             f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}."
         )
+    refuse_released(result)
     session = get_engine_session()
     result.check_readable()
     remote = is_s3_url(target)

@@ -20,9 +20,34 @@ def test_spill_device_limit_outside_what_rapidsmpf_can_use_is_refused(limit):
     assert repr(limit) in str(info.value)
 
 
-@pytest.mark.parametrize("limit", ["80%", "100%", "0.5%", "60000000000"])
+@pytest.mark.parametrize("limit", ["80%", "100%", "0.5%", "60000000000", 60_000_000_000])
 def test_spill_device_limit_percentages_and_bytes_are_kept(limit):
-    assert CudfPolarsEngine(spill_device_limit=limit).spill_device_limit == limit
+    kept = CudfPolarsEngine(spill_device_limit=limit).spill_device_limit
+    assert kept == limit and type(kept) is type(limit)
+
+
+@pytest.mark.parametrize(
+    ("limit", "said"),
+    [
+        (0.8, r'spill_device_limit=0\.8 is a float.*write a percentage: "80%"'),
+        (6e10, r"spill_device_limit=60000000000\.0 is a float, not a percentage"),
+        (-5, r"spill_device_limit=-5 is not a percentage of GPU memory"),
+        (0, r"spill_device_limit=0 is not a percentage"),
+        (True, r"spill_device_limit=True is not a percentage"),
+        ("8GB", r"spill_device_limit='8GB' is not a percentage.*60_000_000_000"),
+    ],
+)
+def test_spill_device_limit_that_is_not_bytes_or_a_percentage_is_refused(limit, said):
+    with pytest.raises(ValidationError, match=rf"(?s){said}"):
+        CudfPolarsEngine(spill_device_limit=limit)
+
+
+def test_spill_device_limit_in_bytes_reaches_cudf_polars_as_its_digits():
+    pytest.importorskip("cudf_polars", reason="the engine options are cudf-polars' own")
+    from prefect_cudf_polars.blocks.backends.streaming_options import engine_kwargs
+
+    options = engine_kwargs(CudfPolarsEngine(backend="cpu", spill_device_limit=60_000_000_000))
+    assert options["rapidsmpf_options"].get_strings()["spill_device_limit"] == "60000000000"
 
 
 def test_an_unknown_executor_option_names_the_key_and_the_options_allowed():

@@ -1,16 +1,18 @@
 """
-The first run on a fresh machine is quiet: no ERROR, no traceback, warnings point at the user's code.
+The first run on a fresh machine is quiet: no ERROR, no traceback, the CPU fallback said once.
 
 Prefect 3.9's local API starts a telemetry service that writes to the database
 the first start is still migrating (``sqlite3.OperationalError: database is
 locked``) or, with no route to the internet, fails to send (``Failed to send
 telemetry``); both print as ERROR with a traceback on a user's first ``make run``.
-The CPU fallback's ``RuntimeWarning`` names the line of the user's flow that
-opened the engine session, not a frame inside Prefect or ``contextlib``.
+The CPU fallback is said once: in a flow run as a WARNING line of the flow
+run's log (the console and the UI); outside one as a Python ``RuntimeWarning``
+that names the user's line, not a frame inside Prefect or ``contextlib``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -23,6 +25,7 @@ import pytest
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 from prefect_cudf_polars.tasks import collect, execute
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,34 +33,55 @@ ROOT = Path(__file__).resolve().parents[2]
 WARNING_LINE = re.compile(r"^(?P<path>\S+\.py):\d+: \w*Warning: ", re.M)
 
 
-def fallback_warnings(run) -> list[warnings.WarningMessage]:
-    """The CPU-fallback RuntimeWarnings that ``run()`` raised (skips where a GPU is used)."""
+def fallback_said(pipeline) -> tuple[list[warnings.WarningMessage], list[str]]:
+    """
+    How a flow run told of the CPU fallback: the Python RuntimeWarnings raised while
+    it ran, and the lines of its log (read back from the API) that say it.
+    Skips where a GPU backend is used.
+    """
+    from api_reads import log_records
+
+    if gpu_probe.probe().problem is None:
+        pytest.skip("a GPU backend runs here: no CPU fallback to tell of")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run()
-    found = [w for w in caught if issubclass(w.category, RuntimeWarning) and "cpu_fallback=True" in str(w.message)]
-    if not found:
-        pytest.skip("a GPU backend ran here: no CPU fallback to warn about")
-    return found
+        state = pipeline(return_state=True)
+    assert state.is_completed(), state
+    raised = [w for w in caught if issubclass(w.category, RuntimeWarning) and "cpu_fallback=True" in str(w.message)]
+    logs = log_records(state.state_details.flow_run_id, expect="cpu_fallback=True")
+    logged = [log.message for log in logs if "cpu_fallback=True" in log.message and log.level == logging.WARNING]
+    return raised, logged
 
 
-def test_the_cpu_fallback_warning_of_a_task_runner_points_at_the_users_flow(orders):
+def test_the_cpu_fallback_of_a_task_runner_is_said_once_in_the_flow_runs_log(orders):
     @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="auto", cpu_fallback=True)))
     def pipeline():
         return collect(execute(pl.scan_parquet(orders))).height
 
-    for w in fallback_warnings(pipeline):
-        assert w.filename == __file__, f"the warning points at {w.filename}:{w.lineno}"
+    raised, logged = fallback_said(pipeline)
+    assert raised == [] and len(logged) == 1, (raised, logged)
+    assert "uses the cpu backend" in logged[0]
 
 
-def test_the_cpu_fallback_warning_of_a_session_in_the_flow_body_points_at_its_with_line(orders):
+def test_the_cpu_fallback_of_a_session_in_the_flow_body_is_said_once_in_the_flow_runs_log(orders):
     @flow
     def pipeline():
         with CudfPolarsEngine(backend="auto", cpu_fallback=True).session():
             return collect(execute(pl.scan_parquet(orders))).height
 
-    for w in fallback_warnings(pipeline):
-        assert w.filename == __file__, f"the warning points at {w.filename}:{w.lineno}"
+    raised, logged = fallback_said(pipeline)
+    assert raised == [] and len(logged) == 1, (raised, logged)
+
+
+def test_the_cpu_fallback_outside_a_flow_run_is_a_python_warning_at_the_users_line(orders):
+    if gpu_probe.probe().problem is None:
+        pytest.skip("a GPU backend runs here: no CPU fallback to tell of")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with CudfPolarsEngine(backend="auto", cpu_fallback=True).session() as session:
+            assert session.collect(pl.scan_parquet(orders)).height == 1000
+    [w] = [w for w in caught if issubclass(w.category, RuntimeWarning) and "cpu_fallback=True" in str(w.message)]
+    assert w.filename == __file__, f"the warning points at {w.filename}:{w.lineno}"
 
 
 @pytest.mark.timeout(600)

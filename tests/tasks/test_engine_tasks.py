@@ -8,7 +8,15 @@ from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.blocks.backends import host_store
-from prefect_cudf_polars.tasks import GPUResult, ResultConsumedError, collect, execute, gpu_task
+from prefect_cudf_polars.tasks import (
+    GPUResult,
+    ResultConsumedError,
+    ResultReleasedError,
+    collect,
+    execute,
+    gpu_task,
+    tee,
+)
 
 RUNNER = lambda: CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu"))  # noqa: E731
 
@@ -145,3 +153,30 @@ def test_gpu_task_in_a_flow_with_block_session_in_the_body(orders):
 
     height, session = pipeline()
     assert height > 0 and session.closed and session.counts["produced"] == 2
+
+
+def test_reading_a_result_returned_from_its_flow_says_it_was_released(orders):
+    @flow(task_runner=RUNNER())
+    def leaks():
+        return execute(pl.scan_parquet(orders), name="orders")
+
+    r = leaks()
+    assert isinstance(r, GPUResult) and r.state == "released"
+    released = r"(?s)GPUResult 'orders' .* was released when its engine session ended.*collect it inside the flow run"
+    # After the flow run, with no session anywhere: the result is named, not the session.
+    with pytest.raises(ResultReleasedError, match=released):
+        collect(r)
+    with pytest.raises(ResultReleasedError, match=released):
+        execute(r)
+    with pytest.raises(ResultReleasedError, match=released):
+        big_spenders(r)
+    with pytest.raises(ResultReleasedError, match=released):
+        tee(r, 2)
+
+    # Inside another flow run with its own session: the same, and that run fails with it.
+    @flow(task_runner=RUNNER())
+    def reads_it_later():
+        return collect(r)
+
+    with pytest.raises(ResultReleasedError, match=released):
+        reads_it_later()

@@ -178,7 +178,8 @@ def local_cuda_cluster(block: CudfPolarsEngine) -> Any:
     if block.device_memory_pool_size is not None:
         kwargs["rmm_pool_size"] = block.device_memory_pool_size
     if block.spill_device_limit is not None:
-        limit = block.spill_device_limit
+        limit = str(block.spill_device_limit)
+        # dask-cuda's device_memory_limit: a fraction of GPU memory, or bytes.
         kwargs["device_memory_limit"] = (
             float(limit[:-1]) / 100 if limit.endswith("%") else int(limit)
         )

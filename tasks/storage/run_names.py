@@ -1,0 +1,70 @@
+"""
+Readable names for the storage tasks' results and task runs: named after the data they move.
+
+``read_parquet("s3://lake/trips/")`` runs as ``read-parquet-trips`` and returns a
+result named ``trips``; ``sink_parquet(trips, ...)`` runs as ``sink-parquet-trips``.
+Names are kept apart within a session as for every GPU task run
+(:mod:`~prefect_cudf_polars.blocks.monitoring.run_names`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+from typing import Any
+
+from prefect_cudf_polars.blocks import GPUResult
+from prefect_cudf_polars.blocks.monitoring.run_names import distinct_run_name
+
+_GLOB = re.compile(r"[*?\[]")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def _one_name(source: str) -> str:
+    path = re.sub(r"^s3://", "", str(source)).rstrip("/")
+    parts = PurePosixPath(path).parts
+    globbed = [i for i, part in enumerate(parts) if _GLOB.search(part)]
+    if globbed:  # trips/*.parquet, trips/2024-*/part.parquet: the folder above the pattern
+        parts = parts[: globbed[0]]
+    if not parts:
+        return "parquet"
+    last = parts[-1]
+    for suffix in _PARQUET_SUFFIXES:
+        if last.endswith(suffix) and len(last) > len(suffix):
+            return last[: -len(suffix)]
+    return last
+
+
+def source_name(source: str | Sequence[str]) -> str:
+    """
+    A readable name for parquet sources: the file's stem, or the folder or prefix's name.
+
+    Parameters
+    ----------
+    source : str or sequence of str
+        Local paths or ``s3://`` URLs, as :func:`~prefect_cudf_polars.tasks.read_parquet` takes them.
+
+    Returns
+    -------
+    str
+        ``"orders"`` for ``data/orders.parquet``, ``"trips"`` for ``s3://lake/trips/``
+        or ``s3://lake/trips/*.parquet``; for several sources the first one's name
+        and how many more (``"jan-and-2-more"``); ``"parquet"`` when nothing is left.
+    """
+    sources = [source] if isinstance(source, str) else [str(s) for s in source]
+    if not sources:
+        return "parquet"
+    first = _one_name(sources[0]) or "parquet"
+    return first if len(sources) == 1 else f"{first}-and-{len(sources) - 1}-more"
+
+
+def read_parquet_run_name(parameters: dict[str, Any]) -> str:
+    """``read_parquet``: ``"read-parquet-<name>"``, the name being the ``name`` argument or the sources'."""
+    return distinct_run_name(f"read-parquet-{parameters.get('name') or source_name(parameters.get('source') or [])}")
+
+
+def sink_parquet_run_name(parameters: dict[str, Any]) -> str:
+    """``sink_parquet``: ``"sink-parquet-<the result's name>"``."""
+    result = parameters.get("result")
+    return distinct_run_name(f"sink-parquet-{result.name if isinstance(result, GPUResult) else 'result'}")
