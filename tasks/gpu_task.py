@@ -166,6 +166,9 @@ def gpu_task(
     CannotRecomputeError
         At run time, on a retry, if an input the failed attempt read cannot be
         recomputed from its lineage (the task run then fails without more retries).
+    NotImplementedError, DeviceMemoryError, SessionError
+        At run time, from the engine call, as for
+        :func:`~prefect_cudf_polars.tasks.execute`.
 
     Examples
     --------
@@ -177,8 +180,10 @@ def gpu_task(
     """
 
     def decorate(user_fn: Callable[..., Any]) -> Task[..., Any]:
-        name = task_options.pop("name", user_fn.__name__)
-        requested = persistence_requests(task_options)  # GPU results are never persisted
+        # A decorator made once may decorate several functions: task_options is not changed.
+        name = task_options.get("name", user_fn.__name__)
+        prefect_options = {k: v for k, v in task_options.items() if k != "name"}
+        requested = persistence_requests(prefect_options)  # GPU results are never persisted
 
         def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> GPUCall:
             if not collect:
@@ -212,10 +217,10 @@ def gpu_task(
             **gpu_task_defaults(returns_gpu_result=not collect),
             # Task runs are named after the query (the task's name) unless overridden.
             "task_run_name": gpu_task_run_name(name),
-            **task_options,
+            **prefect_options,
         }
         options["retry_condition_fn"] = combined_retry_condition(
-            task_options.get("retry_condition_fn")
+            prefect_options.get("retry_condition_fn")
         )
         if requested and not collect:
             # A GPU result is never persisted: keep Prefect from pickling it (or its

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 from prefect import flow
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.blocks.backends import host_store
 from prefect_cudf_polars.tasks import (
     GPUResult,
@@ -138,7 +138,7 @@ def test_a_consumed_input_fails_before_the_users_function_runs(orders):
         step(r)
         step(r)
 
-    with pytest.raises(ResultConsumedError):
+    with pytest.raises(ResultConsumedError, match="a GPU result is read once"):
         pipeline()
     assert len(ran) == 1
 
@@ -180,3 +180,26 @@ def test_reading_a_result_returned_from_its_flow_says_it_was_released(orders):
 
     with pytest.raises(ResultReleasedError, match=released):
         reads_it_later()
+
+
+def test_one_gpu_task_decorator_names_every_function_it_decorates(orders):
+    step = gpu_task(name="step", retries=1)
+
+    @step
+    def first(path: str) -> pl.LazyFrame:
+        return pl.scan_parquet(path)
+
+    @step
+    def second(r: GPUResult) -> pl.LazyFrame:
+        return r.lazy().select(pl.len())
+
+    assert (first.name, second.name) == ("step", "step")
+    assert (first.retries, second.retries) == (1, 1)
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    def pipeline():
+        return collect(second(first(str(orders)))), get_engine_session().summary()["counts"]
+
+    counted, counts = pipeline()
+    assert counted.item() == 1000
+    assert counts == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
