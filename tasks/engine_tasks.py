@@ -47,6 +47,17 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
         If the flow run has no engine session.
     ResultReleasedError, ResultConsumedError, WrongEngineError
         If ``query`` is a GPUResult that cannot be read here.
+    CannotRecomputeError
+        On a retry, if the input the failed attempt read cannot be recomputed
+        from its lineage (the task run fails without more retries).
+    NotImplementedError
+        If cudf-polars cannot run the query on the GPU (the ``cpu`` backend
+        refuses the same queries where cudf-polars is installed); nothing ran.
+    DeviceMemoryError
+        If the engine ran out of device memory; the message names the block
+        fields that make it spill or use smaller partitions.
+    SessionError
+        If the session ended while the query waited for its engine.
     """
     warn_if_persistence_requested()
     refuse_released(query)
@@ -87,6 +98,11 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
     ------
     TypeError, NoEngineSessionError, ResultReleasedError, ResultConsumedError, WrongEngineError
         As for :func:`execute`.
+    CannotRecomputeError, DeviceMemoryError, SessionError
+        As for :func:`execute`.
+    NotImplementedError
+        As for :func:`execute`, unless the block sets ``raise_on_fail=False``:
+        then polars' CPU engine runs the query instead.
     """
     refuse_released(query)
     session = get_engine_session()

@@ -90,7 +90,8 @@ class HostPersistedResult:
             except KeyError:
                 raise RuntimeError(
                     "The persisted query result's store no longer exists: the engine "
-                    "was shut down since it produced the result."
+                    "was shut down since it produced the result. Run the task that "
+                    "produced it again, in an open engine session."
                 ) from None
             df = store.pop(owner._query_id)
             if with_columns is not None:

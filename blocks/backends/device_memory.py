@@ -36,6 +36,7 @@ def rank_allocated_bytes() -> int | None:
 def rank_device_name() -> str:
     """Name and memory of this rank's GPU, e.g. ``"NVIDIA H200 (139.8 GiB)"``."""
     import cuda.core
+    # cudf-polars 26.10: its own reading of a device's total memory (what its partition defaults use).
     from cudf_polars.utils.config import get_total_device_memory
 
     name = cuda.core.Device().name

@@ -28,6 +28,8 @@ def engine_kwargs(block: CudfPolarsEngine) -> dict[str, Any]:
     dict
         Keyword arguments for ``SPMDEngine``, ``DaskEngine`` or ``RayEngine``.
     """
+    # cudf-polars 26.10: the streaming engines' options (engine/options.py) and the rmm
+    # resource description they take (utils/config.py), both constructed by keyword.
     from cudf_polars.engine.options import StreamingOptions
     from cudf_polars.utils.config import MemoryResourceConfig
 

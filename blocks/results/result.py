@@ -90,6 +90,11 @@ class ResultOwner(Protocol):
         """``"flow run 'name'"`` or ``"subflow run 'name'"``, once known."""
         ...
 
+    @property
+    def subflow(self) -> bool:
+        """Whether the run it serves is a subflow run."""
+        ...
+
     def result_claimed(self, result: GPUResult) -> None:
         """``result`` was claimed by its reader: it is no longer live."""
         ...
@@ -322,7 +327,7 @@ class GPUResult:
         owner = self._owner
         if not owner.closed:
             return ""
-        if getattr(owner, "subflow", False):
+        if owner.subflow:
             return (
                 f" when its engine session ended: the session of {owner.served_run}, which "
                 "ended with that subflow run (a subflow with its own task runner has its own "

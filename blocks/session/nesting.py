@@ -116,14 +116,17 @@ def refuse_nesting(outer: Any, *, runner_here: bool) -> None:
             "This flow run already has an engine session: its CudfPolarsTaskRunner "
             "provides one, and sessions do not nest within one flow run. Use that one "
             "(prefect_cudf_polars.blocks.get_engine_session()), or do not combine "
-            "CudfPolarsTaskRunner with `with block.session():` in one flow. To run "
-            "part of it on another engine block, put that part in a subflow with its "
-            "own CudfPolarsTaskRunner."
+            "CudfPolarsTaskRunner with `with block.session():` in one flow. A subflow "
+            "with its own CudfPolarsTaskRunner gets a session of its own: with the same "
+            "engine block it shares this engine; another block works there only where "
+            "at most one of the two needs a GPU (a `cpu` block beside a GPU one)."
         )
     raise SessionError(
         f"An engine session ({outer.backend}, id {outer.id}) is already open here "
         "(`with block.session():`), and sessions do not nest within one flow run. Use "
         "the open one (prefect_cudf_polars.blocks.get_engine_session()), or close it "
-        "before opening another; to run part of a flow on another engine block, put "
-        "that part in a subflow with its own CudfPolarsTaskRunner."
+        "before opening another. A subflow with its own CudfPolarsTaskRunner gets a "
+        "session of its own: with the same engine block it shares this engine; another "
+        "block works there only where at most one of the two needs a GPU (a `cpu` "
+        "block beside a GPU one)."
     )

@@ -249,7 +249,7 @@ class EngineSession:
         if ctx is not None and ctx.task_runner is outer:
             nesting.refuse_nesting(outer, runner_here=True)
         session = outer.provided_session
-        if isinstance(outer, EngineSession) and session is not None and outer._flow_run_id == self._flow_run_id:
+        if isinstance(outer, EngineSession) and session is not None and outer.flow_run_id == self._flow_run_id:
             nesting.refuse_nesting(outer, runner_here=False)
         return session
 
@@ -283,7 +283,7 @@ class EngineSession:
     def _join(self, host: EngineSession) -> None:
         """Run on ``host``'s engine (see :mod:`~prefect_cudf_polars.blocks.session.nesting`)."""
         self.backend, self.fallback_warning = host.backend, None
-        self._owner = host._owner
+        self._owner = host.owner_thread
         self.timings["engine_start_s"] = 0.0
         self.description = {
             **host.description,
@@ -336,8 +336,33 @@ class EngineSession:
         """The backend's running engine while the session is open (for measuring the bare engine)."""
         return None if self._closed else self._engine()
 
+    @property
+    def backend_engine(self) -> RunningEngine | None:
+        """
+        The backend's running engine: this session's, or the one it shares.
+
+        ``None`` before the engine started. Unlike :attr:`running_engine`, also
+        while the session is closing (its teardown still calls it).
+        """
+        return self._engine()
+
+    @property
+    def owner_thread(self) -> OwnerThread | None:
+        """The thread that owns the engine (shared by a session on another's engine); ``None`` before it started."""
+        return self._owner
+
+    @property
+    def flow_run_id(self) -> Any:
+        """The id of the flow run this session serves, once known (``None`` before)."""
+        return self._flow_run_id
+
+    @property
+    def subflow(self) -> bool:
+        """Whether the run this session serves is a subflow run."""
+        return self._subflow
+
     def _engine(self) -> RunningEngine | None:
-        return self._host._engine() if self._host is not None else self._running
+        return self._host.backend_engine if self._host is not None else self._running
 
     # ---- as a session provider (with block.session()) ----------------------
     @property
@@ -863,8 +888,8 @@ class EngineSession:
         """
         Log the session's start line to the current flow run's log (once).
 
-        A session opened outside the flow run's context (a task runner's, in
-        older use) writes it on its first use from inside the flow run instead.
+        A session opened outside the flow run's context writes it on its first
+        use from inside the flow run instead.
         """
         from prefect.context import FlowRunContext
 
