@@ -20,8 +20,7 @@
 #
 # Environment:
 #   PYTHON       the interpreter (default python3)
-#   RAPIDS_ENV   shell script sourced first to put that Python on PATH (default
-#                /root/gpu-env.sh, if present)
+#   RAPIDS_ENV   shell script sourced first to put that Python on PATH (optional)
 #   DATA_DIR     TPC-H parquet; a scale factor already there is reused (default ./.data-cache/tpch)
 #   RUNS         timed interleaved rounds per pipeline (default 10); START_RUNS session starts (5)
 #   PIPELINES    comma-separated subset (default all three); BACKEND (default spmd)
@@ -38,8 +37,7 @@ STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(core peer roundtrips breakdown session-start report)
 cd "$(dirname "$0")/.."
 
-RAPIDS_ENV=${RAPIDS_ENV:-/root/gpu-env.sh}
-if [ -f "$RAPIDS_ENV" ]; then . "$RAPIDS_ENV"; fi
+if [ -n "${RAPIDS_ENV:-}" ]; then . "$RAPIDS_ENV"; fi
 PY=${PYTHON:-python3}
 DATA_DIR=${DATA_DIR:-$PWD/.data-cache/tpch}
 RUNS=${RUNS:-10}

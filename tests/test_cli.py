@@ -47,7 +47,7 @@ def test_deploy_commands_are_the_readme_commands():
 
 @pytest.mark.parametrize("bad", ["gpu-x", "GPU"])
 def test_save_engine_rejects_an_unknown_backend(bad, capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^2$"):
         cli.main(["save-engine", "x", "--backend", bad])
     assert "invalid choice" in capsys.readouterr().err
 

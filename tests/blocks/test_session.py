@@ -178,7 +178,7 @@ def test_teardown_stops_waiting_for_an_engine_that_does_not_answer(orders, caplo
         assert "teardown stopped waiting after 1 s" in caplog.text
         assert "raise teardown_timeout" in caplog.text
         assert host_store.total_partitions() == before + 2  # the engine has not answered yet
-        with pytest.raises(ResultReleasedError):
+        with pytest.raises(ResultReleasedError, match="was released"):
             kept[0].lazy()
     finally:
         engine_answers.set()

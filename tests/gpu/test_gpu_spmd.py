@@ -112,7 +112,7 @@ def test_session_end_releases_live_results_and_memory_returns_to_start(spmd, big
     assert summary["peak_memory"] > summary["memory"]["at_start"] + 100 * 2**20
     assert summary["counts"]["released_unconsumed"] == 2
     assert [r.state for r in live] == ["released", "released"]
-    with pytest.raises(ResultReleasedError):
+    with pytest.raises(ResultReleasedError, match="was released"):
         live[0].lazy()
 
 

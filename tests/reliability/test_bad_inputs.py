@@ -334,6 +334,6 @@ def test_block_with_an_invalid_option(tmp_path):
 def test_pickling_a_result_for_another_process_is_refused_and_keeps_it(cpu_block, orders):
     with cpu_block.session() as session:
         r = session.execute(pl.scan_parquet(orders))
-        with pytest.raises(HostPersistenceError):
+        with pytest.raises(HostPersistenceError, match="cannot be pickled or persisted"):
             pickle.dumps(r)
         assert session.collect(r.lazy()).height == 1000

@@ -138,7 +138,7 @@ def test_a_consumed_result_is_refused(cpu_block, tmp_path, trips_df):
     def pipeline():
         result = execute(trips_df.lazy())
         collect(result)
-        with pytest.raises(ResultConsumedError):
+        with pytest.raises(ResultConsumedError, match="a GPU result is read once"):
             sink_parquet(result, str(tmp_path / "x"))
         return isinstance(result, GPUResult)
 

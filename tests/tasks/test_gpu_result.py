@@ -76,7 +76,7 @@ def test_released_result_raises_inside_and_outside_a_session(cpu_block, orders):
             pass
         with pytest.raises(ResultReleasedError, match="was released"):
             r.lazy()
-    with pytest.raises(ResultReleasedError):
+    with pytest.raises(ResultReleasedError, match="was released"):
         r.lazy()
 
 
@@ -166,5 +166,5 @@ def test_errors_pickle_with_ids_not_handles(cls):
 
 
 def test_gpu_result_is_not_constructed_by_users():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="required positional argument"):
         GPUResult()  # type: ignore[call-arg]
