@@ -42,9 +42,9 @@ def task_run_list(flow_run_id, *, expect: int = 0, final: bool = False, timeout:
         time.sleep(0.5)
 
 
-def task_runs_of(flow_run_id, *, expect: int = 0, timeout: float = 30.0) -> dict[str, Any]:
-    """The task runs of a flow run, by name (see :func:`task_run_list` for ``expect``)."""
-    return {run.name: run for run in task_run_list(flow_run_id, expect=expect, timeout=timeout)}
+def task_runs_of(flow_run_id, *, expect: int = 0, final: bool = False, timeout: float = 30.0) -> dict[str, Any]:
+    """The task runs of a flow run, by name (see :func:`task_run_list` for ``expect`` and ``final``)."""
+    return {run.name: run for run in task_run_list(flow_run_id, expect=expect, final=final, timeout=timeout)}
 
 
 def log_records(flow_run_id, *, expect: str | None = None, timeout: float = 20.0) -> list[Any]:

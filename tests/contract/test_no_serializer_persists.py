@@ -40,7 +40,7 @@ def runner() -> CudfPolarsTaskRunner:
 
 def run_named(flow_run_id, name: str):
     """The one task run of this flow run whose name starts with ``name``."""
-    [run] = [r for n, r in task_runs_of(flow_run_id).items() if n.startswith(name)]
+    [run] = [r for n, r in task_runs_of(flow_run_id, final=True).items() if n.startswith(name)]
     return run
 
 

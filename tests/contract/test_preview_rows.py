@@ -81,7 +81,7 @@ def test_the_plan_the_engine_runs_keeps_the_row_limit_out_of_the_results_scan(cp
     state = pipeline(return_state=True)
     assert state.is_completed(), state
     flow_run_id = state.state_details.flow_run_id
-    [artifact] = artifacts_of(task_run_id=task_runs_of(flow_run_id)["preview"].id)
+    [artifact] = artifacts_of(task_run_id=task_runs_of(flow_run_id, final=True)["preview"].id)
     plan = artifact.data
     assert "PYTHON SCAN" in plan, plan
     assert "SLICE[offset: 0" in plan, plan

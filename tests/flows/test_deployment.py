@@ -101,7 +101,7 @@ def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_serve
     summary = by_key["flight-delay-report-cudf-polars-session"].data
     assert "| backend | cpu |" in summary and "| results produced | 4 |" in summary
     assert "| results released unconsumed | 0 |" in summary
-    runs = task_runs_of(flow_run.id)
+    runs = task_runs_of(flow_run.id, final=True)
     for name in ("enrich-flights", "route-month-delays", "worst-routes", "carrier-month-delays"):
         [artifact] = artifacts_of(task_run_id=runs[name].id)
         assert f"cudf-polars result `{name}`" in artifact.data
