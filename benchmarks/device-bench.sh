@@ -15,7 +15,7 @@
 #   session-start  the session's start, ours vs cudf-polars'               -> OUT/session-start
 #   report         every OUT/*/results.json merged into OUT/results.json, results.md,
 #                  chart.png and breakdown.md; prints the summary tables last
-# A run split over several machine sessions: copy each session's step folders under one OUT
+# A run split over several commands or machines: copy each step folder under one OUT
 # and run the report step there (it needs no GPU: PYTHON=.venv/bin/python works).
 #
 # Environment:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 # Before Prefect is imported: the ephemeral API's first start migrates its database,
-# which took ~40 s on a 2-core machine (Prefect's default timeout is shorter).
+# which can take tens of seconds on a small machine (Prefect's default timeout is shorter).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 import polars as pl  # noqa: E402

@@ -112,7 +112,7 @@ class CudfPolarsEngine(Block):
         it cancels a flow run (``grace_seconds = 30.0`` in Prefect 3.9's
         ``prefect/runner/_cancellation_manager.py``), so the session's end line
         and events still go out. A normal teardown of an owned cluster takes
-        about 0.5 s (Dask) to 1.5 s (Ray) on two GPUs.
+        seconds, not tens of seconds (its end line gives the figure).
     executor_options : dict
         Further cudf-polars streaming executor options, passed as they are: the
         fields of cudf-polars' ``StreamingExecutor`` (read from cudf-polars where

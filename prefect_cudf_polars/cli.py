@@ -164,8 +164,9 @@ DESCRIPTION = "Save a cudf-polars engine block and deploy this project's flows t
 #: What ``prefect-cudf-polars --help`` prints below the commands.
 EPILOG = """\
 Both commands talk to the Prefect API that PREFECT_API_URL names (a running
-"prefect server start", or Prefect Cloud). deploy refuses to run without one:
-a worker cannot reach the temporary API Prefect starts when none is set.
+"prefect server start", or Prefect Cloud). Without one, save-engine saves the
+block to the temporary local API Prefect starts (where flows run without a
+server find it); deploy refuses to run: a worker cannot reach that API.
 
 examples:
   prefect-cudf-polars save-engine gpu --backend spmd

@@ -65,7 +65,8 @@ def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
     raise NoGPUError(
         f"backend={block.backend!r} needs an NVIDIA GPU and the RAPIDS packages, but "
         f"{found.problem}. Run on a GPU machine, or set backend='cpu' (or "
-        "cpu_fallback=True) on the CudfPolarsEngine block to develop on the CPU."
+        "cpu_fallback=True) on the CudfPolarsEngine block to develop on the CPU; for a "
+        "saved block: prefect-cudf-polars save-engine NAME --backend cpu."
     )
 
 

@@ -124,10 +124,13 @@ class GPUSupportCheck:
             import cudf_polars
             from cudf_polars import Translator
         except Exception as exc:  # a missing wheel: ImportError; a broken one: OSError and others
+            missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("cudf_polars")
+            why = "cudf-polars is not installed here" if missing else (
+                f"cudf-polars cannot be imported here ({type(exc).__name__}: {exc})"
+            )
             return cls(
                 status=(
-                    f"GPU support not checked: cudf-polars cannot be imported here "
-                    f"({type(exc).__name__}: {exc}); install cudf-polars-cu13 or -cu12 26.10 "
+                    f"GPU support not checked: {why}; install cudf-polars-cu13 or -cu12 26.10 "
                     "(the check extra) to refuse on the CPU what the GPU would refuse"
                 )
             )

@@ -1,5 +1,5 @@
 """
-The worker-state lease (``blocks/dask_lease.py``) on a real external Dask cluster, on the CPU.
+The worker-state lease (``blocks/backends/dask/lease.py``) on a real external Dask cluster, on the CPU.
 
 A scheduler and two workers (``--no-nanny --nthreads 1``) run as processes of
 their own on 127.0.0.1, with a preload that makes ``prefect_cudf_polars``
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(60)
 
 SCRIPTS = Path(__file__).parent / "scripts"
 #: Seconds from SIGKILL of the lease holder to its state gone from every worker.
-#: The scheduler sees the killed client's socket close at once; measured well under 1 s.
+#: The scheduler sees the killed client's socket close at once, well inside the bound.
 BOUND_S = 10.0
 #: Seconds to wait before concluding that a cleanup did not run.
 SETTLE_S = 1.5

@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 #: Seconds from SIGKILL of that process to its state gone from every worker (the lease's
-#: bound; the CPU test, tests/blocks/test_dask_lease.py, measures ~0.02 s).
+#: bound; the CPU test, tests/blocks/test_dask_lease.py, checks the same bound).
 LEASE_BOUND_S = 10.0
 
 

@@ -116,7 +116,7 @@ def test_s3_read_on_the_gpu_without_signature_checks(spmd, moto_s3, data_bucket,
     """The same read with moto accepting any request (isolates KvikIO's S3 path from signing).
 
     The endpoint still has to reach KvikIO through AWS_ENDPOINT_URL: without it
-    KvikIO would address AWS itself, which this machine cannot reach.
+    KvikIO would address AWS itself instead of the test's moto server.
     """
     got = _read_on_gpu(spmd, f"s3://{data_bucket}/in/*.parquet", moto_s3.credentials())
     assert_frame_equal(got, expected_summary(table), check_dtypes=False, rel_tol=1e-9)

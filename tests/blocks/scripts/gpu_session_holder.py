@@ -8,7 +8,7 @@ result on the ranks, prints one line ``READY {json}`` (ranks holding the result,
 rmm bytes allocated per rank, the cluster; for dask the engine uid, for ray the
 rank actors' process ids) and sleeps; the session is never closed. Run by
 ``tests/gpu/test_gpu_dask.py`` and ``tests/gpu/test_gpu_ray.py``, which SIGKILL it
-and check that the cluster drops the result (the lease in ``blocks/dask_lease.py``;
+and check that the cluster drops the result (the lease in ``blocks/backends/dask/lease.py``;
 Ray's ending of a dead driver's actors).
 """
 
