@@ -18,6 +18,11 @@ from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 
 # The test API needs no telemetry service (it logs ERRORs on a just-created database and offline).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The load tests send thousands of task runs' events to one SQLite database on a small
+# machine: give its writes more time before the API answers 503, and the client more
+# retries (Prefect 3.9's defaults: 10 s, 5 retries).
+os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "30")
+os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
