@@ -97,6 +97,7 @@ def _in_flow_run() -> bool:
     ctx = FlowRunContext.get()
     return ctx is not None and ctx.flow_run is not None
 
+
 class EngineSession:
     """
     One engine for one flow run: owner thread, result registry, teardown.
