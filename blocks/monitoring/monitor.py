@@ -83,8 +83,8 @@ class MonitorOptions:
     summary_artifact: bool = True
 
 
-#: What a new session's :attr:`SessionMonitor.options` start as (change it to switch parts
-#: off for every later session of the process, as ``benchmarks/session_end.py`` does).
+#: What a new session's :attr:`SessionMonitor.options` start as; replace it to switch parts
+#: off for every session the process opens from then on.
 DEFAULT_OPTIONS = MonitorOptions()
 
 

@@ -352,35 +352,21 @@ def test_bad_scale_factor_is_refused_with_a_clear_message(run_bench):
 @pytest.mark.gpu
 def test_spmd_harness_small_run_matches_cpu(run_bench):
     """Every variant on SPMDEngine(raise_on_fail=True) at SF 0.01 equals polars on the CPU."""
-    run = run_bench(
-        "--scale-factors",
-        "0.01",
-        "--runs",
-        "2",
-        "--warmups",
-        "1",
-        "--backend",
-        "spmd",
-        "--overhead-calls",
-        "10",
-        timeout=420,
-    )
-    assert run.returncode == 0, run.output[-6000:]
+    small = ("--scale-factors", "0.01", "--runs", "2", "--warmups", "1", "--backend", "spmd")
+    run = run_bench(*small, "--overhead-calls", "10", timeout=420)
+    # On a GPU backend (g) runs in a command of its own: the peer run.
+    peer = run_bench(*small, "--variants", "g", timeout=300)
+    for bench, variants in (
+        (run, [v for v in PIPELINE_VARIANTS if v not in ("g", "g-nocache")]),
+        (peer, ["g", "g-nocache"]),
+    ):
+        assert bench.returncode == 0, bench.output[-6000:]
+        measurements = bench.results["measurements"]
+        assert {(m["pipeline"], m["variant"]) for m in measurements} == {(p, v) for p in PIPELINES for v in variants}
+        for m in measurements:
+            assert m["status"] == "ok", (m["pipeline"], m["variant"], m.get("error"))
+            assert m["matches_reference"] is True, (m["pipeline"], m["variant"], m.get("mismatch"))
     doc = run.results
-    # On a GPU backend (g) runs in a command of its own (see the peer run below).
-    assert {(m["pipeline"], m["variant"]) for m in doc["measurements"]} == {
-        (p, v) for p in PIPELINES for v in PIPELINE_VARIANTS if v not in ("g", "g-nocache")
-    }
-    for m in doc["measurements"]:
-        assert m["status"] == "ok", (m["pipeline"], m["variant"], m.get("error"))
-        assert m["matches_reference"] is True, (m["pipeline"], m["variant"], m.get("mismatch"))
-    peer = run_bench("--scale-factors", "0.01", "--runs", "2", "--warmups", "1", "--backend", "spmd", "--variants", "g", timeout=300)
-    assert peer.returncode == 0, peer.output[-6000:]
-    assert {(m["pipeline"], m["variant"]) for m in peer.results["measurements"]} == {
-        (p, v) for p in PIPELINES for v in ("g", "g-nocache")
-    }
-    for m in peer.results["measurements"]:
-        assert m["status"] == "ok" and m["matches_reference"] is True, (m["pipeline"], m["variant"], m)
     assert {m["name"]: m["status"] for m in doc["task_overhead"]} == {
         "gpu-task": "ok",
         "bare": "ok",

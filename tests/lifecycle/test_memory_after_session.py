@@ -33,7 +33,8 @@ from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.tasks import collect, execute
 
 SCRIPT = Path(__file__).parent / "scripts" / "sessions_in_one_process.py"
-#: Driver memory a later session may hold above the one before it (bytes).
+#: Bytes of device memory, as the CUDA driver reports it, that an engine session's end may
+#: leave above the figure after the previous engine session in the same process.
 SESSION_SLACK = 256 * 2**20
 
 
