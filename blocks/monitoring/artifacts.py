@@ -100,18 +100,6 @@ def result_markdown(
         f"{r} ({gpus[r]})" if r < len(gpus) else str(r) for r in result.ranks
     ) or "none"
     schema = "\n".join(f"| `{name}` | `{dtype}` |" for name, dtype in result.schema.items())
-    fused = getattr(result, "fused", ())
-    fused_rows = "\n".join(
-        f"| `{step.name}` | {step.produced_by} | `{step.task_run_id or 'none'}` |" for step in fused
-    )
-    fused_section = (
-        f"#### Deferred steps fused into this engine call ({len(fused)})\n\n"
-        "Their plans ran here, in this task run's one engine call, upstream first.\n\n"
-        "| step | deferred by | task run id |\n|---|---|---|\n"
-        f"{fused_rows}\n\n"
-        if fused
-        else ""
-    )
     return (
         f"### cudf-polars result `{result.name}`\n\n"
         "| figure | value |\n|---|---|\n"
@@ -125,9 +113,53 @@ def result_markdown(
         f"#### Output schema ({len(result.schema)} columns)\n\n"
         "| column | dtype |\n|---|---|\n"
         f"{schema}\n\n"
-        f"{fused_section}"
+        f"{fused_section(getattr(result, 'fused', ()))}"
         "#### Query plan (optimized, as the engine ran it)\n\n"
         f"```\n{plan}\n```\n"
+    )
+
+
+def fused_section(fused: Any) -> str:
+    """
+    The section listing the deferred steps fused into one engine call (empty when none).
+
+    Parameters
+    ----------
+    fused : sequence of FusedStep
+        Names and task runs of the deferred steps, upstream first.
+    """
+    if not fused:
+        return ""
+    rows = "\n".join(
+        f"| `{step.name}` | {step.produced_by} | `{step.task_run_id or 'none'}` |" for step in fused
+    )
+    return (
+        f"#### Deferred steps fused into this engine call ({len(fused)})\n\n"
+        "Their plans ran here, in this task run's one engine call, upstream first.\n\n"
+        "| step | deferred by | task run id |\n|---|---|---|\n"
+        f"{rows}\n\n"
+    )
+
+
+def collect_markdown(fused: Any, *, engine_seconds: float, rows: int) -> str:
+    """
+    The markdown of the artifact of a collect whose engine call ran deferred steps.
+
+    Parameters
+    ----------
+    fused : sequence of FusedStep
+        The deferred steps it ran, upstream first.
+    engine_seconds
+        Seconds the engine call took (wall clock).
+    rows
+        Rows of the host DataFrame it returned.
+    """
+    return (
+        "### cudf-polars collect\n\n"
+        "| figure | value |\n|---|---|\n"
+        f"| engine call | {engine_seconds:.3f} s |\n"
+        f"| rows returned to the host | {rows:,} |\n\n"
+        f"{fused_section(fused)}"
     )
 
 

@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import uuid
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prefect_cudf_polars.blocks.monitoring import artifacts, events
@@ -48,7 +49,7 @@ from prefect_cudf_polars.blocks.results.run_identity import current_task_run_id
 if TYPE_CHECKING:
     import polars as pl
 
-    from prefect_cudf_polars.blocks.results.result import GPUResult
+    from prefect_cudf_polars.blocks.results.result import FusedStep, GPUResult
 
 logger = logging.getLogger("prefect_cudf_polars.monitoring")
 
@@ -298,6 +299,46 @@ class SessionMonitor:
         if record.query is not None:
             self._unprinted.add(record)
         self._put(send=send, build=record.build)  # one record: the event, then the artifact
+
+    def collected(self, fused: Sequence[FusedStep], *, engine_seconds: float, rows: int) -> None:
+        """
+        A collect ran deferred steps in its engine call: queue an artifact that lists them.
+
+        On the current task run (or the flow run, in a flow body); nothing when
+        ``fused`` is empty, result artifacts are switched off, or outside any run.
+
+        Parameters
+        ----------
+        fused
+            The deferred steps the collect's engine call ran, upstream first.
+        engine_seconds
+            Seconds the engine call took.
+        rows
+            Rows returned to the host.
+        """
+        try:
+            self._collected(tuple(fused), engine_seconds, rows)
+        except Exception as exc:  # monitoring never fails a query
+            logger.warning("Could not report the deferred steps of a collect: %s", exc)
+
+    def _collected(self, steps: tuple[FusedStep, ...], engine_seconds: float, rows: int) -> None:
+        task_run_id = current_task_run_id()
+        if not steps or not self.options.result_artifacts or (task_run_id is None and self.flow_run_id is None):
+            return
+        flow_run_id = self.flow_run_id
+
+        def build() -> Any:
+            from prefect.client.schemas.actions import ArtifactCreate
+
+            return ArtifactCreate(
+                type="markdown",
+                data=artifacts.collect_markdown(steps, engine_seconds=engine_seconds, rows=rows),
+                description=f"cudf-polars collect: {len(steps)} deferred step(s) fused in",
+                flow_run_id=flow_run_id,
+                task_run_id=task_run_id,
+            )
+
+        self._put(build=build)
 
     def result_consumed(self, result: GPUResult) -> None:
         """A result was claimed by its reader: queue ``result.consumed``."""

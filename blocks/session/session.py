@@ -907,6 +907,9 @@ class EngineSession:
         """
         Run a query on the engine and return the result on the host.
 
+        When deferred steps ran in this engine call, an artifact on the current
+        task run (or flow run) lists them, as a result's artifact does.
+
         Parameters
         ----------
         query : polars.LazyFrame or GPUResult
@@ -936,19 +939,26 @@ class EngineSession:
         else:
             lf = query
         claimed = [r for r in inputs if r.state == "consumed"]
+        fused = fused_steps(claimed)
         try:
-            return self.run(self._collect_on_owner, running, lf, claimed)
+            df, seconds = self.run(self._collect_on_owner, running, lf, claimed)
         except Exception as exc:
             raise_engine_error(exc)
+        self.monitor.collected(fused, engine_seconds=seconds, rows=df.height)
+        return df
 
-    def _collect_on_owner(self, running: RunningEngine, lf: pl.LazyFrame, claimed: list[GPUResult]) -> pl.DataFrame:
+    def _collect_on_owner(
+        self, running: RunningEngine, lf: pl.LazyFrame, claimed: list[GPUResult]
+    ) -> tuple[pl.DataFrame, float]:
         self._engine_calls += 1
         try:
+            started = time.perf_counter()
             df = running.collect(lf)
+            seconds = time.perf_counter() - started
         finally:
             free_claimed(claimed)
         self._memory.read(running)
-        return df
+        return df, seconds
 
     def memory_in_use(self) -> int | None:
         """

@@ -315,3 +315,24 @@ def test_session_collect_of_a_deferred_result_runs_one_engine_call(orders):
 def test_a_collecting_step_cannot_be_deferred():
     with pytest.raises(ValueError, match=r"collect=True, defer=True.*Defer the steps before it"):
         gpu_task(collect=True, defer=True)
+
+
+def test_a_collecting_task_runs_artifact_lists_the_deferred_steps_it_ran(orders):
+    big = gpu_task(name="big-orders", defer=True)(big_orders)
+    collect_doubled = gpu_task(name="collect-doubled", collect=True)(doubled)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        return collect_doubled(big(execute(pl.scan_parquet(orders), name="orders", defer=True)))
+
+    df, flow_run_id = run(pipeline)
+    expected = pl.scan_parquet(orders).filter(pl.col("amount") > 50).with_columns(
+        (pl.col("amount") * 2).alias("double")
+    ).collect()
+    assert_frame_equal(df, expected)
+    runs = task_runs_of(flow_run_id)
+    [artifact] = artifacts_of(task_run_id=runs["collect-doubled"].id)
+    assert artifact.description == "cudf-polars collect: 2 deferred step(s) fused in"
+    assert f"| rows returned to the host | {expected.height:,} |" in artifact.data
+    for step in ("orders", "big-orders"):
+        assert f"| `{step}` | task run '{step}' (id {runs[step].id}) | `{runs[step].id}` |" in artifact.data
