@@ -336,3 +336,25 @@ def test_a_collecting_task_runs_artifact_lists_the_deferred_steps_it_ran(orders)
     assert f"| rows returned to the host | {expected.height:,} |" in artifact.data
     for step in ("orders", "big-orders"):
         assert f"| `{step}` | task run '{step}' (id {runs[step].id}) | `{runs[step].id}` |" in artifact.data
+
+
+def test_sink_parquet_of_a_deferred_result_runs_the_plan_and_frees_what_it_held(orders, tmp_path):
+    from prefect_cudf_polars.tasks import sink_parquet
+
+    later = gpu_task(name="later", defer=True)(big_orders)
+    target = tmp_path / "big-orders"
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        summary = sink_parquet(later(execute(pl.scan_parquet(orders), name="orders")), str(target))
+        return summary, session
+
+    (summary, session), _ = run(pipeline)
+    expected = pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect()
+    assert summary.rows == expected.height
+    assert_frame_equal(pl.read_parquet(summary.files).sort("id"), expected.sort("id"))
+    counts = session.summary()
+    assert counts["engine_calls"] == 2  # the scan, then the sink with the deferred step in it
+    assert counts["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
+    assert counts["memory"]["before_shutdown"] == counts["memory"]["at_start"]
