@@ -41,7 +41,7 @@ def run_mapped(orders, *, name=None):
     state = pipeline(return_state=True)
     assert state.is_completed(), state
     frames, session = state.result()
-    return frames, session, [run.name for run in task_run_list(state.state_details.flow_run_id)]
+    return frames, session, [run.name for run in task_run_list(state.state_details.flow_run_id, expect=3 * PARTS)]
 
 
 def assert_named_apart(names: list[str], base: str) -> None:

@@ -19,6 +19,7 @@ from prefect.client.orchestration import get_client
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, SessionError
 from prefect_cudf_polars.tasks import collect, execute, gpu_task
+from lifecycle_fixtures import unchecked_cpu_backend  # noqa: F401 (a fixture)
 from slow_queries import sleeping
 
 #: Seconds the slow query sleeps inside its engine call.

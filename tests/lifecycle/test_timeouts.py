@@ -27,6 +27,7 @@ from prefect.client.orchestration import get_client
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.tasks import collect, execute, gpu_task
+from lifecycle_fixtures import unchecked_cpu_backend  # noqa: F401 (a fixture)
 from slow_queries import heavy_group_by, sleeping
 
 TIMEOUT_S = 1.0

@@ -1,4 +1,10 @@
-"""Fixtures of the lifecycle tests."""
+"""
+Fixtures of the lifecycle tests.
+
+Test modules import them by name (``from lifecycle_fixtures import ...``): a
+``conftest.py`` here would shadow ``tests/conftest.py`` for the modules that do
+``from conftest import read_run_logs``.
+"""
 
 from __future__ import annotations
 
