@@ -104,7 +104,7 @@ class GPUCall:
         return lf
 
     def run(self, lf: pl.LazyFrame) -> Any:
-        """Run the query on the session: a GPUResult (deferred with ``defer``), or a host DataFrame with ``collect``."""
+        """Run the query on the session: a GPUResult (deferred with ``defer``), or a host DataFrame (``collect``)."""
         if self.collect:
             return self.session.collect(lf, inputs=self.inputs)
         if self.defer:
@@ -113,7 +113,11 @@ class GPUCall:
         return self.session.execute(lf, name=self.name, lineage=self.lineage, inputs=self.inputs)
 
     def finish(self) -> None:
-        """Free what the claimed inputs left, and the recomputed inputs the query did not read (not what a deferred result holds)."""
+        """
+        Free what the claimed inputs left, and the recomputed inputs the query did not read.
+
+        Inputs the returned deferred result holds stay: its reader frees them.
+        """
         drop_claimed(self.inputs, held_by=self.result)
         drop_claimed(self.fresh, release_live=True, held_by=self.result)
 

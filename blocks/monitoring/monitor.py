@@ -92,7 +92,9 @@ DEFAULT_OPTIONS = MonitorOptions()
 class ResultFacts:
     """What a result's artifact shows, copied from the result (no reference to it is kept)."""
 
-    __slots__ = ("backend", "deferred", "engine_seconds", "fused", "id", "name", "partitions", "ranks", "schema")
+    __slots__ = (
+        "backend", "deferred", "engine_seconds", "fused", "id", "name", "partitions", "ranks", "schema",
+    )
 
     def __init__(self, result: GPUResult) -> None:
         self.id, self.name, self.backend = result.id, result.name, result.backend

@@ -111,6 +111,7 @@ class HeldPlan(NamedTuple):
     held_inputs: tuple[GPUResult, ...]
     steps: tuple[FusedStep, ...]
 
+
 class ResultOwner(Protocol):
     """
     What a :class:`GPUResult` asks of the engine session that produced it.
@@ -542,7 +543,6 @@ class GPUResult:
                 self._state = "released"
         if was_live:
             self._owner.result_released(self)
-
 
     def session_ended(self, tombstone: ResultOwner, *, drop: bool) -> None:
         """

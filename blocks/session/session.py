@@ -1050,7 +1050,6 @@ class EngineSession:
         )
 
 
-
 def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
     """The deferred steps that claimed deferred inputs bring into a query, upstream first."""
     return tuple(step for result in claimed if result.deferred for step in result.fused)

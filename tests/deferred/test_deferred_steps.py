@@ -7,6 +7,8 @@ task run states, artifacts and events are read back through the API.
 
 from __future__ import annotations
 
+import time
+
 import polars as pl
 import pytest
 from polars.exceptions import ColumnNotFoundError
@@ -44,10 +46,25 @@ def totals_of(lf: pl.LazyFrame) -> pl.LazyFrame:
     return lf.group_by("customer").agg(pl.col("double").sum(), pl.len().alias("n")).sort("customer")
 
 
+def runs_of(flow_run_id, *names: str, timeout: float = 30.0) -> dict:
+    """The flow run's task runs by name, once each of ``names`` is there in a final state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = task_runs_of(flow_run_id, expect=len(names), timeout=timeout)
+        done = all(n in runs and runs[n].state is not None and runs[n].state.is_final() for n in names)
+        if done or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.5)
+
+
 def run(pipeline):
     state = pipeline(return_state=True)
     assert state.is_completed(), state
     return state.result(), state.state_details.flow_run_id
+
+
+#: The task runs of :func:`chain`.
+CHAIN_RUNS = ("orders", "big-orders", "doubled", "totals", "collect-totals")
 
 
 def chain(orders, *, defer: bool):
@@ -97,7 +114,7 @@ def test_a_bad_column_fails_in_the_deferring_task_run(orders):
     assert state.is_failed(), state
     with pytest.raises(ColumnNotFoundError, match="no_such_column"):
         state.result()
-    runs = task_runs_of(state.state_details.flow_run_id)
+    runs = runs_of(state.state_details.flow_run_id, "bad-step")
     assert runs["bad-step"].state.is_failed()
     assert "reader" not in runs or not runs["reader"].state.is_completed()
     summary = seen["session"].summary()
@@ -125,7 +142,7 @@ def test_a_deferred_plan_the_gpu_would_refuse_fails_in_the_deferring_task_run(or
     assert state.is_failed(), state
     with pytest.raises(NotImplementedError, match=r"(?s)GPU.*anonymousfunction"):
         state.result()
-    assert task_runs_of(state.state_details.flow_run_id)["python-udf"].state.is_failed()
+    assert runs_of(state.state_details.flow_run_id, "python-udf")["python-udf"].state.is_failed()
     assert seen["session"].summary()["engine_calls"] == 0
 
 
@@ -267,7 +284,7 @@ def test_tee_of_a_deferred_result_gives_deferred_copies_that_each_run_the_plan(o
 
 def test_the_readers_artifact_lists_the_fused_steps_and_each_deferred_step_says_so(orders):
     (_, _), flow_run_id = run(chain(orders, defer=True))
-    runs = task_runs_of(flow_run_id)
+    runs = runs_of(flow_run_id, *CHAIN_RUNS)
     [reader] = artifacts_of(task_run_id=runs["totals"].id)
     assert "Deferred steps fused into this engine call (3)" in reader.data
     for step in ("orders", "big-orders", "doubled"):
@@ -288,7 +305,7 @@ def test_result_created_events_say_deferred_and_name_the_fused_steps(orders):
     assert {name: p["deferred"] for name, p in created.items()} == {
         "orders": True, "big-orders": True, "doubled": True, "totals": False,
     }
-    runs = task_runs_of(flow_run_id)
+    runs = runs_of(flow_run_id, *CHAIN_RUNS)
     assert created["totals"]["fused_steps"] == [
         {"name": step, "produced_by": f"task run '{step}' (id {runs[step].id})", "task_run_id": str(runs[step].id)}
         for step in ("orders", "big-orders", "doubled")
@@ -330,7 +347,7 @@ def test_a_collecting_task_runs_artifact_lists_the_deferred_steps_it_ran(orders)
         (pl.col("amount") * 2).alias("double")
     ).collect()
     assert_frame_equal(df, expected)
-    runs = task_runs_of(flow_run_id)
+    runs = runs_of(flow_run_id, "orders", "big-orders", "collect-doubled")
     [artifact] = artifacts_of(task_run_id=runs["collect-doubled"].id)
     assert artifact.description == "cudf-polars collect: 2 deferred step(s) fused in"
     assert f"| rows returned to the host | {expected.height:,} |" in artifact.data
