@@ -78,7 +78,7 @@ def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
         by_name.setdefault(event.event, []).append(event)
     assert {name: len(by_name.get(name, [])) for name in expect} == expect
 
-    runs = task_runs_of(flow_run_id)
+    runs = task_runs_of(flow_run_id, expect=4)
     flow_ref = [f"prefect.flow-run.{flow_run_id}"]
     task_ref = lambda name: [f"prefect.task-run.{runs[name].id}"]  # noqa: E731
     for event in found:

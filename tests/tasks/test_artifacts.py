@@ -34,7 +34,7 @@ def test_task_runs_are_named_after_their_query_and_can_be_renamed(orders):
         collect(execute(again))
         return counts
 
-    names = set(task_runs_of(_run(pipeline)))
+    names = set(task_runs_of(_run(pipeline), expect=7))
     assert {"orders", "busy_customers", "collect-busy_customers"} <= names
     # Defaults for an unnamed query and the override on .with_options.
     assert {"execute-query", "customers-query", "collect-busy_customers"} <= names
@@ -50,7 +50,7 @@ def test_each_gpu_task_run_gets_an_artifact_with_plan_schema_placement_memory_se
         return collect(busy_customers(r))
 
     flow_run_id = _run(pipeline)
-    runs = task_runs_of(flow_run_id)
+    runs = task_runs_of(flow_run_id, expect=3)
     [artifact] = artifacts_of(task_run_id=runs["big-orders"].id)
     text = artifact.data
     result_id, seconds, schema = seen["result"]
@@ -83,7 +83,7 @@ def test_a_refused_persistence_request_is_an_artifact_on_the_task_run(orders):
     def pipeline():
         return collect(persisting(execute(pl.scan_parquet(orders), name="orders")))
 
-    runs = task_runs_of(_run(pipeline))
+    runs = task_runs_of(_run(pipeline), expect=3)
     texts = [a.data for a in artifacts_of(task_run_id=runs["busy_customers"].id)]
     [refusal] = [t for t in texts if t.startswith("### Result persistence refused")]
     assert "task `busy_customers`" in refusal and "persist_result=True" in refusal
