@@ -50,7 +50,7 @@ from benchmarks.results_file import ResultsFile, error_text, merge_documents
 from benchmarks.timing import Budget
 from benchmarks.tpch_data import default_data_dir, ensure_tpch, sf_label
 
-ALL_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h")
+ALL_VARIANTS = ("a", "a-deferred", "b", "c", "d", "e", "f", "g", "h")
 
 
 def _floats(text: str) -> list[float]:
@@ -140,7 +140,7 @@ def parser() -> argparse.ArgumentParser:
         "--variants",
         type=_names(ALL_VARIANTS),
         default=None,
-        help="subset of a,b,c,d,e,f,g,h (default: all on the cpu backend, all but g on a GPU "
+        help="subset of a,a-deferred,b,c,d,e,f,g,h (default: all on the cpu backend, all but g on a GPU "
         "backend, where g runs on its own; g also runs its NO_CACHE sub-variant)",
     )
     p.add_argument("--overhead-calls", type=int, default=50, help="timed calls per (f) timer")

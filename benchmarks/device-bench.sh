@@ -81,7 +81,7 @@ bench() {  # bench STEP ARGS...: one bounded command, its log and exit status un
 VARIANT_ARGS=(--scale-factors "$SF" --runs "$RUNS" --data-dir "$DATA_DIR" "${PIPELINE_ARGS[@]}")
 for step in "${STEPS[@]}"; do
   case $step in
-    core) bench core "${VARIANT_ARGS[@]}" --variants a,h,b,c,f ;;
+    core) bench core "${VARIANT_ARGS[@]}" --variants a,a-deferred,h,b,c,f ;;
     peer) bench peer "${VARIANT_ARGS[@]}" --variants g ;;
     roundtrips) bench roundtrips "${VARIANT_ARGS[@]}" --variants d ;;
     breakdown) bench breakdown --breakdown "${VARIANT_ARGS[@]}" ;;

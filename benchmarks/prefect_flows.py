@@ -11,6 +11,9 @@ order within a round:
   pending artifacts (``session.monitor.flush()``), outside the timing, so that
   they are not written while the next variant runs; the next run of (a) starts
   the monitor's writer thread again, inside its timing;
+* ``a-deferred``, "(a) deferred": (a) with every step but the last deferred
+  (``gpu_task(defer=True)``), so the last step's task runs the whole pipeline
+  in one engine call; settled like (a);
 * (h) Prefect's floor: plain Prefect tasks making (b)'s engine calls, on the
   engine's thread;
 * (b), (c), (d): the bare engine on the engine's thread;
@@ -50,24 +53,32 @@ from prefect_cudf_polars.tasks import GPUResult, gpu_task
 OVERHEAD = "gpu-task,bare,plain-task,noop-task"
 
 #: Variants that need the flow run's engine session.
-SESSION_VARIANTS = frozenset("abcdhf")
+SESSION_VARIANTS = frozenset({"a", "a-deferred", "b", "c", "d", "h", "f"})
 
 #: Pipeline variants in the order a round runs them; ``g`` brings ``g-nocache``.
-ROUND_ORDER = ("a", "h", "b", "c", "d", "g", "g-nocache", "e")
+ROUND_ORDER = ("a", "a-deferred", "h", "b", "c", "d", "g", "g-nocache", "e")
 
 #: ``guard(key, fn)``: run ``fn``, record its value or its error under ``key``.
 Guard = Callable[[tuple[str, str], Callable[[], Any]], Any]
 
 
-def step_tasks(pipeline: Pipeline, paths: Paths) -> list[Any]:
-    """(a) One ``gpu_task`` per step; the last one collects to the host."""
+def step_tasks(pipeline: Pipeline, paths: Paths, *, defer: bool = False) -> list[Any]:
+    """
+    (a) One ``gpu_task`` per step; the last one collects to the host.
+
+    With ``defer`` (``a-deferred``), every step but the last is deferred and
+    the task names start with ``deferred.``, so the last step's task runs the
+    whole pipeline in one engine call.
+    """
+    prefix = "deferred." if defer else ""
 
     def make(step: Step, last: bool) -> Any:
         def run_step(previous: GPUResult | None) -> pl.LazyFrame:
             return step.build(previous.lazy() if previous is not None else None, paths)
 
         run_step.__name__ = run_step.__qualname__ = step.name.replace("-", "_")
-        return gpu_task(name=f"{pipeline.name}.{step.name}", collect=last)(run_step)
+        name = f"{prefix}{pipeline.name}.{step.name}"
+        return gpu_task(name=name, collect=last, defer=defer and not last)(run_step)
 
     last = len(pipeline.steps) - 1
     return [make(step, i == last) for i, step in enumerate(pipeline.steps)]
@@ -114,8 +125,8 @@ class VariantRunner:
         for key in keys:
             if key in SESSION_VARIANTS and (engine is None or thread is None):
                 out[key] = None
-            elif key == "a":
-                tasks = step_tasks(p, paths)
+            elif key in ("a", "a-deferred"):
+                tasks = step_tasks(p, paths, defer=key == "a-deferred")
                 out[key] = lambda tasks=tasks: self._settled(chain(p, tasks))
             elif key == "h":
                 floor = floor_tasks(p, paths, engine, thread)  # type: ignore[arg-type]
@@ -178,7 +189,7 @@ def run_variants(
     pipelines, paths
         What to run, on which tables.
     variants
-        Asked variants (letters ``a`` to ``h``).
+        Asked variants (letters ``a`` to ``h``, and ``a-deferred``).
     runs, warmups, budget
         See :func:`benchmarks.timing.interleave`.
     overhead_calls

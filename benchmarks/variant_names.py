@@ -2,6 +2,8 @@
 
 VARIANTS: dict[str, str] = {
     "a": "(a) our Prefect flow: gpu_tasks, GPU results between tasks",
+    "a-deferred": "(a) deferred: (a) with every step but the last deferred (gpu_task(defer=True)), "
+    "the pipeline fused into the last task's one engine call",
     "h": "(h) Prefect's floor: plain Prefect tasks making (b)'s engine calls",
     "b": "(b) bare engine, chained engine.execute()",
     "c": "(c) bare engine, one fused query",
@@ -13,6 +15,7 @@ VARIANTS: dict[str, str] = {
 }
 SHORT = {
     "a": "(a) ours",
+    "a-deferred": "(a) deferred",
     "h": "(h) plain tasks",
     "b": "(b) chained",
     "c": "(c) fused",

@@ -23,7 +23,7 @@ from prefect_cudf_polars.tasks.task_defaults import (
     retry_condition_fn=retry_unless_cannot_recompute,
     **gpu_task_defaults(),
 )
-def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResult:
+def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: bool = False) -> GPUResult:
     """
     Run a query on the flow run's engine and keep the result on the GPU.
 
@@ -33,16 +33,24 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
         The query; a GPUResult is claimed (read once) and run as it is.
     name : str, optional
         Readable name for the result (default: the input result's name, or ``"query"``).
+    defer : bool
+        Run nothing now: resolve the query's schema, check its plan and return
+        a deferred GPUResult holding it, which the task that reads it runs
+        fused with its own query in one engine call (see
+        :meth:`EngineSession.defer <prefect_cudf_polars.blocks.EngineSession.defer>`).
+        Default False.
 
     Returns
     -------
     GPUResult
-        Live, in the session's engine (GPU memory on GPU backends).
+        Live, in the session's engine (GPU memory on GPU backends); deferred with ``defer``.
 
     Raises
     ------
     TypeError
         If ``query`` is neither a LazyFrame nor a GPUResult.
+    polars.exceptions.ColumnNotFoundError, NotImplementedError
+        With ``defer``: the schema cannot be resolved, or the plan is refused.
     NoEngineSessionError
         If the flow run has no engine session.
     ResultReleasedError, ResultConsumedError, WrongEngineError
@@ -62,16 +70,20 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None) -> GPUResu
     warn_if_persistence_requested()
     refuse_released(query)
     session = get_engine_session()
-    lineage = Lineage.of_query(query)
+    lineage = Lineage.of_query(query, deferred=defer)
     fresh: list[GPUResult] = []
+    result: GPUResult | None = None
     try:
         query = recompute_for_retry(query, session, fresh)
         lf = as_query(query, task="execute")
         default = query.name if isinstance(query, GPUResult) else "query"
-        return session.execute(lf, name=name or default, lineage=lineage)
+        run = session.defer if defer else session.execute
+        inputs = [query] if isinstance(query, GPUResult) else []
+        result = run(lf, name=name or default, lineage=lineage, inputs=inputs)
+        return result
     finally:
-        drop_claimed(gpu_results_in(query))
-        drop_claimed(fresh, release_live=True)
+        drop_claimed(gpu_results_in(query), held_by=result)
+        drop_claimed(fresh, release_live=True, held_by=result)
 
 
 @task(
@@ -109,7 +121,8 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
     fresh: list[GPUResult] = []
     try:
         query = recompute_for_retry(query, session, fresh)
-        return session.collect(as_query(query, task="collect"))
+        lf = as_query(query, task="collect")
+        return session.collect(lf, inputs=[query] if isinstance(query, GPUResult) else [])
     finally:
         drop_claimed(gpu_results_in(query))
         drop_claimed(fresh, release_live=True)

@@ -20,6 +20,12 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     result's lineage on the same engine (one re-run and one more result's worth
     of engine memory per extra copy); the data never visits host memory.
 
+    A deferred result (``gpu_task(defer=True)``) splits into ``n`` deferred
+    copies, and each copy's reader runs the deferred steps' plan in full in
+    its own engine call: ``n`` readers run those steps ``n`` times. Where
+    several tasks read one step's output, materialize that step (no
+    ``defer``) so it runs once.
+
     Parameters
     ----------
     result : GPUResult
@@ -30,8 +36,8 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     Returns
     -------
     list of GPUResult
-        ``n`` live results with the same rows and schema; each is read once,
-        by whichever task it is given to.
+        ``n`` live results with the same rows and schema (deferred, for a
+        deferred result); each is read once, by whichever task it is given to.
 
     Raises
     ------

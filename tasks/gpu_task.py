@@ -6,6 +6,11 @@ awaits the function for its LazyFrame, then awaits the engine call in a worker
 thread (``asyncio.to_thread``), so the flow's event loop keeps running while
 the engine works; the session still runs engine calls one at a time on its
 owner thread.
+
+``defer=True`` makes a deferred step: its task run builds and checks the query
+and returns a deferred ``GPUResult`` holding the plan; the task that reads it
+runs both steps in one engine call (:meth:`EngineSession.defer
+<prefect_cudf_polars.blocks.EngineSession.defer>`).
 """
 
 from __future__ import annotations
@@ -45,19 +50,28 @@ class GPUCall:
         The function's arguments, with inputs a retry recomputed swapped in.
     """
 
-    def __init__(self, name: str, session: Any, lineage: Lineage, collect: bool) -> None:
+    def __init__(self, name: str, session: Any, lineage: Lineage, collect: bool, defer: bool = False) -> None:
         self.name = name
         self.session = session
         self.lineage = lineage
         self.collect = collect
+        self.defer = defer
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.inputs: list[Any] = []
         self.fresh: list[Any] = []
+        self.result: Any = None
 
     @classmethod
     def start(
-        cls, name: str, user_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *, collect: bool
+        cls,
+        name: str,
+        user_fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        collect: bool,
+        defer: bool = False,
     ) -> GPUCall:
         """
         Find the session, recompute what a retry needs, check every GPU input.
@@ -68,7 +82,8 @@ class GPUCall:
             See :func:`gpu_task` (what was recomputed is freed first).
         """
         refuse_released((args, kwargs))
-        call = cls(name, get_engine_session(), Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}"), collect)
+        lineage = Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}", deferred=defer)
+        call = cls(name, get_engine_session(), lineage, collect, defer)
         try:
             call.args, call.kwargs = recompute_for_retry((args, kwargs), call.session, call.fresh)
             call.inputs = gpu_results_in((call.args, call.kwargs))
@@ -90,15 +105,22 @@ class GPUCall:
         return lf
 
     def run(self, lf: pl.LazyFrame) -> Any:
-        """Run the query on the session: a GPUResult, or a host DataFrame with ``collect``."""
+        """Run the query on the session: a GPUResult (deferred with ``defer``), or a host DataFrame (``collect``)."""
         if self.collect:
-            return self.session.collect(lf)
-        return self.session.execute(lf, name=self.name, lineage=self.lineage)
+            return self.session.collect(lf, inputs=self.inputs)
+        if self.defer:
+            self.result = self.session.defer(lf, name=self.name, lineage=self.lineage, inputs=self.inputs)
+            return self.result
+        return self.session.execute(lf, name=self.name, lineage=self.lineage, inputs=self.inputs)
 
     def finish(self) -> None:
-        """Free what the claimed inputs left, and the recomputed inputs the query did not read."""
-        drop_claimed(self.inputs)
-        drop_claimed(self.fresh, release_live=True)
+        """
+        Free what the claimed inputs left, and the recomputed inputs the query did not read.
+
+        Inputs the returned deferred result holds stay: its reader frees them.
+        """
+        drop_claimed(self.inputs, held_by=self.result)
+        drop_claimed(self.fresh, release_live=True, held_by=self.result)
 
 
 @overload
@@ -107,7 +129,7 @@ def gpu_task(fn: Callable[..., pl.LazyFrame], /) -> Task[..., Any]: ...
 
 @overload
 def gpu_task(
-    *, collect: bool = False, **task_options: Any
+    *, collect: bool = False, defer: bool = False, **task_options: Any
 ) -> Callable[[Callable[..., pl.LazyFrame]], Task[..., Any]]: ...
 
 
@@ -116,6 +138,7 @@ def gpu_task(
     /,
     *,
     collect: bool = False,
+    defer: bool = False,
     **task_options: Any,
 ) -> Any:
     """
@@ -136,6 +159,16 @@ def gpu_task(
         parentheses).
     collect
         Return a host ``polars.DataFrame`` instead of a GPUResult.
+    defer
+        Make a deferred step: the task run builds the query, resolves its
+        schema (a column that does not exist fails this task run) and checks
+        its plan (on the ``cpu`` backend, as cudf-polars would), runs nothing
+        on the engine, and returns a deferred GPUResult holding the plan. The
+        task that reads it runs this step's plan and its own in one engine
+        call, and lists this step in its artifact; the inputs this step read
+        are freed after that call. The same rules as any result apply (read
+        once, this session only, released at the flow run's end, retries
+        replay it). Default False.
     **task_options
         Prefect task options (``name``, ``retries``, ``retry_delay_seconds``,
         ``tags``, ``task_run_name``, ``timeout_seconds``, ...). Defaults: task runs
@@ -156,6 +189,8 @@ def gpu_task(
 
     Raises
     ------
+    ValueError
+        At decoration, for ``collect=True`` with ``defer=True``.
     TypeError
         At run time, if the function does not return a LazyFrame.
     NoEngineSessionError
@@ -166,6 +201,10 @@ def gpu_task(
     CannotRecomputeError
         At run time, on a retry, if an input the failed attempt read cannot be
         recomputed from its lineage (the task run then fails without more retries).
+    polars.exceptions.ColumnNotFoundError, NotImplementedError
+        At run time, with ``defer``: the query's schema cannot be resolved, or
+        its plan is refused (see :meth:`EngineSession.defer
+        <prefect_cudf_polars.blocks.EngineSession.defer>`).
     NotImplementedError, DeviceMemoryError, SessionError
         At run time, from the engine call, as for
         :func:`~prefect_cudf_polars.tasks.execute`.
@@ -179,6 +218,13 @@ def gpu_task(
     ...     return flights.lazy().filter(pl.col("dep_delay") > 60)
     """
 
+    if collect and defer:
+        raise ValueError(
+            "gpu_task(collect=True, defer=True): a collecting step returns host data, so it "
+            "cannot be deferred. Defer the steps before it; the collecting step runs them "
+            "fused with its own query."
+        )
+
     def decorate(user_fn: Callable[..., Any]) -> Task[..., Any]:
         # A decorator made once may decorate several functions: task_options is not changed.
         name = task_options.get("name", user_fn.__name__)
@@ -188,7 +234,7 @@ def gpu_task(
         def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> GPUCall:
             if not collect:
                 warn_if_persistence_requested(requested)
-            return GPUCall.start(name, user_fn, args, kwargs, collect=collect)
+            return GPUCall.start(name, user_fn, args, kwargs, collect=collect, defer=defer)
 
         if inspect.iscoroutinefunction(user_fn):
 

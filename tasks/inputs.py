@@ -66,15 +66,19 @@ def as_query(query: Any, *, task: str) -> pl.LazyFrame:
     )
 
 
-def drop_claimed(results: list[GPUResult], *, release_live: bool = False) -> None:
+def drop_claimed(
+    results: list[GPUResult], *, release_live: bool = False, held_by: GPUResult | None = None
+) -> None:
     """
     Free whatever claimed inputs left in the engine's store.
 
-    A claimed input is normally moved out when the query runs; when the user's
-    function or the engine failed after the claim, its partitions would stay
-    in GPU memory until the session ends. Live (unclaimed) inputs are left
-    alone, unless ``release_live`` (inputs a retry recomputed for itself, which
-    no other task can hold).
+    A claimed input is normally moved out when the query runs (and the
+    session's engine call frees what it left, in the same hand-off to the
+    owner thread); when the user's function failed after the claim, or the
+    call never reached the engine, its partitions would stay in GPU memory
+    until the session ends. Live (unclaimed) inputs are left alone, unless
+    ``release_live`` (inputs a retry recomputed for itself, which no other task
+    can hold). Inputs a deferred result holds for its reader are left to it.
 
     Parameters
     ----------
@@ -82,7 +86,12 @@ def drop_claimed(results: list[GPUResult], *, release_live: bool = False) -> Non
         A task's inputs.
     release_live : bool
         Release live ones too.
+    held_by : GPUResult, optional
+        The deferred result the task returned: the inputs it holds stay.
     """
+    held = held_by.held_inputs if held_by is not None else ()
     for result in results:
+        if result in held:
+            continue
         if result.state == "consumed" or (release_live and result.state == "live"):
             result.release()

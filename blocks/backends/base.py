@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import polars as pl
 
+from prefect_cudf_polars.blocks.backends.result_scans import prepare
+
 
 class PersistedResult(Protocol):
     """
@@ -71,6 +73,23 @@ class RunningEngine(abc.ABC):
         not the pool's size, which ``nvidia-smi`` shows); the ``cpu`` backend
         reports its host store. ``None`` when the figure cannot be read.
         """
+
+    def check_plan(self, lf: pl.LazyFrame) -> None:
+        """
+        Refuse ``lf`` before it runs, as far as this engine can tell without running it.
+
+        For a deferred step: its plan runs later, fused into its reader's
+        engine call. The default refuses what
+        :func:`~prefect_cudf_polars.blocks.backends.result_scans.prepare`
+        refuses (a zero-column read of a result's frame); the ``cpu`` backend
+        also runs its GPU-support check.
+
+        Raises
+        ------
+        NotImplementedError
+            What the engine would refuse; nothing has run.
+        """
+        prepare(lf)
 
     def memory_per_rank(self) -> list[int | None] | None:
         """Bytes allocated on each rank, in rank order; ``None`` where ranks are not read apart."""

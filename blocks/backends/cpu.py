@@ -160,6 +160,13 @@ class CpuRunningEngine(RunningEngine):
         self.gpu_support.check(lf, flags)
         return self.engine.execute(lf, flags)
 
+    def check_plan(self, lf: pl.LazyFrame) -> None:
+        # A deferred step's plan: checked as collect checks it (with raise_on_fail=False
+        # a collect reader may fall back to the CPU; an execute reader refuses it then).
+        flags = prepare(lf)
+        if self.raise_on_fail:
+            self.gpu_support.check(lf, flags)
+
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
         flags = prepare(lf)
         if self.raise_on_fail:

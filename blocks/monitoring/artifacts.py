@@ -4,7 +4,11 @@ The Prefect artifacts a user reads in the UI instead of the data.
 * one markdown artifact per GPU result, on the task run that produced it
   (:func:`result_markdown`): the optimized plan the engine ran, output schema, where
   the result lives (backend, ranks/GPUs, partitions), memory in use after the
-  engine call and the call's seconds;
+  engine call and the call's seconds, and the deferred steps fused into that
+  call (names and task run ids);
+* one markdown artifact per deferred step, on its task run
+  (:func:`deferred_markdown`): its plan and schema, and that it runs fused into
+  the task run that reads it;
 * one keyed markdown artifact per engine session at its end
   (:func:`summary_markdown`, key from :func:`summary_key`);
 * a markdown artifact on a task run whose persistence request was refused
@@ -109,7 +113,88 @@ def result_markdown(
         f"#### Output schema ({len(result.schema)} columns)\n\n"
         "| column | dtype |\n|---|---|\n"
         f"{schema}\n\n"
+        f"{fused_section(getattr(result, 'fused', ()))}"
         "#### Query plan (optimized, as the engine ran it)\n\n"
+        f"```\n{plan}\n```\n"
+    )
+
+
+def fused_section(fused: Any) -> str:
+    """
+    The section listing the deferred steps fused into one engine call (empty when none).
+
+    Parameters
+    ----------
+    fused : sequence of FusedStep
+        Names and task runs of the deferred steps, upstream first.
+    """
+    if not fused:
+        return ""
+    rows = "\n".join(
+        f"| `{step.name}` | {step.produced_by} | `{step.task_run_id or 'none'}` |" for step in fused
+    )
+    return (
+        f"#### Deferred steps fused into this engine call ({len(fused)})\n\n"
+        "Their plans ran here, in this task run's one engine call, upstream first.\n\n"
+        "| step | deferred by | task run id |\n|---|---|---|\n"
+        f"{rows}\n\n"
+    )
+
+
+def collect_markdown(fused: Any, *, engine_seconds: float, rows: int) -> str:
+    """
+    The markdown of the artifact of a collect whose engine call ran deferred steps.
+
+    Parameters
+    ----------
+    fused : sequence of FusedStep
+        The deferred steps it ran, upstream first.
+    engine_seconds
+        Seconds the engine call took (wall clock).
+    rows
+        Rows of the host DataFrame it returned.
+    """
+    return (
+        "### cudf-polars collect\n\n"
+        "| figure | value |\n|---|---|\n"
+        f"| engine call | {engine_seconds:.3f} s |\n"
+        f"| rows returned to the host | {rows:,} |\n\n"
+        f"{fused_section(fused)}"
+    )
+
+
+def deferred_markdown(result: Any, *, plan: str) -> str:
+    """
+    The markdown of a deferred step's artifact.
+
+    Parameters
+    ----------
+    result : GPUResult
+        The deferred result (its ``fused`` lists the deferred steps its plan
+        holds, its own last).
+    plan
+        Its plan, optimized on its own (:func:`query_plan`); its reader's engine
+        call optimizes it together with the reader's steps.
+    """
+    schema = "\n".join(f"| `{name}` | `{dtype}` |" for name, dtype in result.schema.items())
+    steps = list(getattr(result, "fused", ()))
+    before = ", ".join(f"`{step.name}`" for step in steps[:-1])
+    holds = f"Its plan also holds the deferred steps before it: {before}.\n\n" if before else ""
+    return (
+        f"### cudf-polars deferred step `{result.name}`\n\n"
+        "**Deferred: runs fused into the task run that reads it.** Nothing ran on the "
+        "engine in this task run: the query's schema was resolved and its plan checked. "
+        "The task run that reads this result runs this plan inside its own engine call; "
+        "its artifact lists the deferred steps fused into it.\n\n"
+        f"{holds}"
+        "| figure | value |\n|---|---|\n"
+        f"| backend | {result.backend} |\n"
+        "| engine call | none (deferred) |\n"
+        f"| result id | `{result.id}` |\n\n"
+        f"#### Output schema ({len(result.schema)} columns)\n\n"
+        "| column | dtype |\n|---|---|\n"
+        f"{schema}\n\n"
+        "#### Query plan (optimized on its own; its reader runs it fused)\n\n"
         f"```\n{plan}\n```\n"
     )
 

@@ -10,7 +10,10 @@ Event names
     A :class:`~prefect_cudf_polars.tasks.GPUResult` was produced, claimed by its
     one reader, or released before anyone read it (explicitly or at the end of
     its session: the event to alert on). Resource:
-    ``prefect-cudf-polars.result.<result id>``.
+    ``prefect-cudf-polars.result.<result id>``. ``created`` says whether the
+    result is deferred (``deferred``) and which deferred steps ran fused into
+    the engine call that produced it (``fused_steps``: name, producing task run
+    and its id each); ``consumed`` says whether a deferred result was read.
 
 Every event names the flow run (role ``flow-run``) and, where there is one, the
 task run (role ``task-run``) as related resources, with explicit ids: the
@@ -105,6 +108,14 @@ def emit(
         contextvars.copy_context().run(send)
     except Exception as exc:  # pragma: no cover - depends on the API being down
         logger.warning("Could not emit Prefect event %s: %s", event, exc)
+
+
+def fused_payload(fused: Any) -> list[dict[str, Any]]:
+    """The ``fused_steps`` of a ``result.created`` payload: one dict per :class:`FusedStep`."""
+    return [
+        {"name": step.name, "produced_by": step.produced_by, "task_run_id": step.task_run_id}
+        for step in fused
+    ]
 
 
 def session_resource(session_id: str, backend: str | None) -> dict[str, str]:

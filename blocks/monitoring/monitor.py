@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import uuid
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prefect_cudf_polars.blocks.monitoring import artifacts, events
@@ -48,7 +49,7 @@ from prefect_cudf_polars.blocks.results.run_identity import current_task_run_id
 if TYPE_CHECKING:
     import polars as pl
 
-    from prefect_cudf_polars.blocks.results.result import GPUResult
+    from prefect_cudf_polars.blocks.results.result import FusedStep, GPUResult
 
 logger = logging.getLogger("prefect_cudf_polars.monitoring")
 
@@ -91,12 +92,15 @@ DEFAULT_OPTIONS = MonitorOptions()
 class ResultFacts:
     """What a result's artifact shows, copied from the result (no reference to it is kept)."""
 
-    __slots__ = ("backend", "engine_seconds", "id", "name", "partitions", "ranks", "schema")
+    __slots__ = (
+        "backend", "deferred", "engine_seconds", "fused", "id", "name", "partitions", "ranks", "schema",
+    )
 
     def __init__(self, result: GPUResult) -> None:
         self.id, self.name, self.backend = result.id, result.name, result.backend
         self.ranks, self.partitions = list(result.ranks), result.partitions
         self.schema, self.engine_seconds = result.schema, result.engine_seconds
+        self.deferred, self.fused = result.deferred, result.fused
 
 
 class ResultArtifact:
@@ -126,12 +130,22 @@ class ResultArtifact:
         from prefect.client.schemas.actions import ArtifactCreate
 
         self.print_plan()
+        if self.facts.deferred:
+            data = artifacts.deferred_markdown(self.facts, plan=self.plan or "")
+            description = (
+                f"cudf-polars deferred step {self.facts.name!r}: runs fused into the task run that reads it"
+            )
+        else:
+            data = artifacts.result_markdown(
+                self.facts, plan=self.plan or "", memory_after=self.memory_after, gpus=self.gpus
+            )
+            description = f"cudf-polars result {self.facts.name!r}: plan, schema, where it lives"
+            if self.facts.fused:
+                description += f"; {len(self.facts.fused)} deferred step(s) fused in"
         return ArtifactCreate(
             type="markdown",
-            data=artifacts.result_markdown(
-                self.facts, plan=self.plan or "", memory_after=self.memory_after, gpus=self.gpus
-            ),
-            description=f"cudf-polars result {self.facts.name!r}: plan, schema, where it lives",
+            data=data,
+            description=description,
             flow_run_id=self.flow_run_id,
             task_run_id=self.task_run_id,
         )
@@ -237,6 +251,11 @@ class SessionMonitor:
         """
         A result was produced: queue ``result.created`` and its artifact.
 
+        A deferred result's event carries ``deferred: true`` and its artifact
+        says that it runs fused into the task run that reads it; a result whose
+        engine call ran deferred steps lists them (``fused_steps``: names and
+        task run ids), in the event and in its artifact.
+
         Parameters
         ----------
         result
@@ -253,7 +272,7 @@ class SessionMonitor:
             logger.warning("Could not report GPU result %r: %s", result.name, exc)
 
     def _result_created(self, result: GPUResult, lf: pl.LazyFrame | None, memory_after: int | None) -> None:
-        task_run_id = current_task_run_id()
+        task_run_id = result.produced_by_task_run_id
         self._producers[result.id] = task_run_id
         send = self._sender(
             events.RESULT_CREATED,
@@ -267,6 +286,8 @@ class SessionMonitor:
                 "columns": len(result.schema),
                 "engine_seconds": result.engine_seconds,
                 "memory_in_use_bytes": memory_after,
+                "deferred": result.deferred,
+                "fused_steps": events.fused_payload(result.fused),
             },
         )
         if not self.options.result_artifacts or (task_run_id is None and self.flow_run_id is None):
@@ -281,6 +302,46 @@ class SessionMonitor:
             self._unprinted.add(record)
         self._put(send=send, build=record.build)  # one record: the event, then the artifact
 
+    def collected(self, fused: Sequence[FusedStep], *, engine_seconds: float, rows: int) -> None:
+        """
+        A collect ran deferred steps in its engine call: queue an artifact that lists them.
+
+        On the current task run (or the flow run, in a flow body); nothing when
+        ``fused`` is empty, result artifacts are switched off, or outside any run.
+
+        Parameters
+        ----------
+        fused
+            The deferred steps the collect's engine call ran, upstream first.
+        engine_seconds
+            Seconds the engine call took.
+        rows
+            Rows returned to the host.
+        """
+        try:
+            self._collected(tuple(fused), engine_seconds, rows)
+        except Exception as exc:  # monitoring never fails a query
+            logger.warning("Could not report the deferred steps of a collect: %s", exc)
+
+    def _collected(self, steps: tuple[FusedStep, ...], engine_seconds: float, rows: int) -> None:
+        task_run_id = current_task_run_id()
+        if not steps or not self.options.result_artifacts or (task_run_id is None and self.flow_run_id is None):
+            return
+        flow_run_id = self.flow_run_id
+
+        def build() -> Any:
+            from prefect.client.schemas.actions import ArtifactCreate
+
+            return ArtifactCreate(
+                type="markdown",
+                data=artifacts.collect_markdown(steps, engine_seconds=engine_seconds, rows=rows),
+                description=f"cudf-polars collect: {len(steps)} deferred step(s) fused in",
+                flow_run_id=flow_run_id,
+                task_run_id=task_run_id,
+            )
+
+        self._put(build=build)
+
     def result_consumed(self, result: GPUResult) -> None:
         """A result was claimed by its reader: queue ``result.consumed``."""
         related = events.run_resources(self.flow_run_id, current_task_run_id())
@@ -291,7 +352,7 @@ class SessionMonitor:
             events.RESULT_CONSUMED,
             events.result_resource(result),
             related,
-            {"name": result.name, "consumed_by": result.consumed_by},
+            {"name": result.name, "consumed_by": result.consumed_by, "deferred": result.deferred},
         )
 
     def result_released(self, result: GPUResult, *, at_session_end: bool) -> None:

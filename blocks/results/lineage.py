@@ -24,6 +24,10 @@ and a replay runs that plan again on the same engine session.
   says so, and callers raise :class:`~prefect_cudf_polars.tasks.CannotRecomputeError`.
 * A replay reads the scans again: if the files changed since, the replayed
   result reflects the files as they are now.
+* A deferred step's lineage is marked ``deferred``: its replay is deferred
+  again (``session.defer``), so a retried reader of a deferred result runs the
+  fused plan once more, and the fresh inputs that replayed plan reads are held
+  by the replayed result instead of being freed.
 
 A lineage holds Python references only (functions, arguments, LazyFrame plans),
 never engine memory: a consumed or released result's partitions are gone
@@ -70,9 +74,11 @@ class Lineage:
         and dicts) are replayed from their own lineage on :meth:`replay`.
     label
         Readable name of the step, e.g. ``"gpu_task 'summarise'"``.
+    deferred
+        The step is deferred: :meth:`replay` defers it again.
     """
 
-    __slots__ = ("args", "build", "kwargs", "label")
+    __slots__ = ("args", "build", "deferred", "kwargs", "label")
 
     def __init__(
         self,
@@ -81,17 +87,19 @@ class Lineage:
         kwargs: Mapping[str, Any] | None = None,
         *,
         label: str,
+        deferred: bool = False,
     ) -> None:
         self.build = build
         self.args = tuple(args)
-        self.kwargs = dict(kwargs or {})
+        self.kwargs = dict(kwargs) if kwargs else {}
         self.label = label
+        self.deferred = deferred
 
     @classmethod
-    def of_query(cls, query: Any) -> Lineage:
-        """The lineage of ``execute(query)`` (a LazyFrame or a GPUResult)."""
+    def of_query(cls, query: Any, *, deferred: bool = False) -> Lineage:
+        """The lineage of ``execute(query)`` (a LazyFrame or a GPUResult), deferred or not."""
         label = "execute(LazyFrame)" if isinstance(query, pl.LazyFrame) else "execute(GPUResult)"
-        return cls(_run_as_is, (query,), label=label)
+        return cls(_run_as_is, (query,), label=label, deferred=deferred)
 
     def unreplayable_reason(self, _depth: int = 0) -> str | None:
         """
@@ -130,7 +138,8 @@ class Lineage:
 
         Every result argument is first replayed from its own lineage (never read
         from the engine's store); fresh inputs the function leaves unread are
-        released before returning.
+        released before returning. A deferred lineage is deferred again: the
+        fresh result holds the fresh inputs its plan reads.
 
         Parameters
         ----------
@@ -142,7 +151,8 @@ class Lineage:
         Returns
         -------
         GPUResult
-            Live, registered in ``session``, with this same lineage.
+            Live, registered in ``session``, with this same lineage (deferred
+            when the lineage is).
 
         Raises
         ------
@@ -167,6 +177,7 @@ class Lineage:
             fresh.append(new)
             return new
 
+        new: GPUResult | None = None
         try:
             args, kwargs = replace_gpu_results((self.args, self.kwargs), replay_input)
             lf = self.build(*args, **kwargs)
@@ -175,10 +186,15 @@ class Lineage:
                     f"Replaying {self.label} for {name!r}: the step returned "
                     f"{type(lf).__name__}, not a polars LazyFrame."
                 )
-            return session.execute(lf, name=name, lineage=self)
+            run = session.defer if self.deferred else session.execute
+            new = run(lf, name=name, lineage=self, inputs=fresh)
+            return new
         finally:
-            for result in fresh:  # a live one was left unread; a consumed one may hold leftovers
-                result.release()
+            # A live one was left unread; a consumed one may hold leftovers, unless the
+            # fresh deferred result holds it for its reader.
+            for result in fresh:
+                if new is None or not new.deferred or result.state == "live":
+                    result.release()
 
     def __repr__(self) -> str:
         return f"Lineage({self.label})"

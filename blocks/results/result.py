@@ -26,6 +26,13 @@ counterpart) and adds the rules cudf-polars states but does not guard:
 * **No engine memory after use.** Once released, or consumed and released, a
   result lets go of the backend's persisted result, so a handle that Prefect's
   futures or states keep after consumption holds no engine memory.
+* **Deferred results.** A deferred step (``gpu_task(defer=True)``,
+  ``execute(lf, defer=True)``) runs nothing: its result holds the step's plan
+  (the LazyFrame) instead of partitions, and the inputs that plan reads
+  (:attr:`GPUResult.held_inputs`). Its reader claims it as any result and gets
+  the plan, so the reader's one engine call runs the fused query; after that
+  call the reader frees what the deferred result held. Released unread, a
+  deferred result has run nothing and frees what it held.
 * **Stable hash.** Prefect cache keys see the result id, through
   ``prefect.cache_policies.STABLE_TRANSFORMS`` (top-level arguments) and a
   pydantic serializer whose JSON form is the id only while Prefect computes a
@@ -42,8 +49,8 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import polars as pl
 from pydantic_core import SchemaSerializer, core_schema
@@ -55,13 +62,55 @@ from prefect_cudf_polars.blocks.errors import (
     WrongEngineError,
 )
 from prefect_cudf_polars.blocks.results.persistence import cache_key_form, refuse_host_persistence
-from prefect_cudf_polars.blocks.results.run_identity import current_run_id, current_run_name
+from prefect_cudf_polars.blocks.results.run_identity import RunIdentity, current_run
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import PersistedResult
     from prefect_cudf_polars.blocks.results.lineage import Lineage
 
 State = Literal["live", "consumed", "released"]
+
+
+class FusedStep(NamedTuple):
+    """
+    A deferred step whose plan ran inside another task run's engine call.
+
+    Attributes
+    ----------
+    name : str
+        The deferred result's name (the step's task name).
+    produced_by : str
+        The task run (or flow run) that deferred it, as a readable name.
+    task_run_id : str or None
+        That task run's id (``None`` when deferred outside a task run).
+    """
+
+    name: str
+    produced_by: str
+    task_run_id: str | None
+
+
+class HeldPlan(NamedTuple):
+    """
+    What a deferred result hands to a ``tee`` copy (:meth:`GPUResult.hand_over`).
+
+    Attributes
+    ----------
+    plan : polars.LazyFrame
+        The deferred plan.
+    schema : polars.Schema
+        Its output schema.
+    held_inputs : tuple of GPUResult
+        The inputs the plan reads, freed after its reader's engine call.
+    steps : tuple of FusedStep
+        The deferred steps the plan holds (the result's own last).
+    """
+
+    plan: pl.LazyFrame
+    schema: pl.Schema
+    held_inputs: tuple[GPUResult, ...]
+    steps: tuple[FusedStep, ...]
+
 
 class ResultOwner(Protocol):
     """
@@ -155,6 +204,8 @@ class GPUResult:
 
     Returned by the :func:`~prefect_cudf_polars.tasks.execute` task and by
     :func:`~prefect_cudf_polars.tasks.gpu_task` tasks; never built by users.
+    A *deferred* result (``deferred`` is True) holds its step's plan instead
+    of data (see the module notes).
 
     Attributes
     ----------
@@ -167,35 +218,48 @@ class GPUResult:
     session_id : str
         Id of the producing :class:`~prefect_cudf_polars.blocks.EngineSession`.
     schema : polars.Schema
-        Column names and dtypes.
+        Column names and dtypes (of a deferred result: resolved from its plan).
     ranks : list of int
-        Ranks holding a partition (one partition per rank).
+        Ranks holding a partition (one partition per rank); empty for a deferred result.
     engine_seconds : float
-        Seconds the engine call that produced it took (wall clock).
+        Seconds the engine call that produced it took (wall clock); 0 for a deferred result.
     produced_by : str
         The task run or flow run that produced it.
+    produced_by_task_run_id : str or None
+        That task run's id (``None`` outside a task run).
     consumed_by : str or None
         The task run or flow run whose claim consumed it.
     consumed_by_id : str or None
         That run's id (a retried task run keeps its id across attempts).
     lineage : Lineage or None
         The plan that produced it (see :mod:`~prefect_cudf_polars.blocks.results.lineage`).
+    deferred : bool
+        Whether it holds a plan that runs fused into its reader's engine call.
+    fused : tuple of FusedStep
+        The deferred steps whose plans ran inside the engine call that produced
+        this result, upstream first; for a deferred result, the deferred steps
+        its plan holds, its own last (what its reader's engine call will run).
     """
 
     __slots__ = (
         "__weakref__",
+        "_held",
         "_lock",
         "_owner",
         "_persisted",
+        "_plan",
         "_state",
         "backend",
         "consumed_by",
         "consumed_by_id",
+        "deferred",
         "engine_seconds",
+        "fused",
         "id",
         "lineage",
         "name",
         "produced_by",
+        "produced_by_task_run_id",
         "ranks",
         "schema",
         "session_id",
@@ -203,25 +267,42 @@ class GPUResult:
 
     def __init__(
         self,
-        persisted: PersistedResult,
+        persisted: PersistedResult | None,
         *,
         owner: ResultOwner,
         name: str,
         engine_seconds: float,
         lineage: Lineage | None = None,
+        run: RunIdentity | None = None,
+        fused: Sequence[FusedStep] = (),
+        plan: pl.LazyFrame | None = None,
+        schema: pl.Schema | None = None,
+        held_inputs: Sequence[GPUResult] = (),
     ) -> None:
+        run = run if run is not None else current_run()
         self.id = uuid.uuid4().hex
         self.name = name
         self.backend = owner.backend or "unknown"
         self.session_id = owner.id
-        self.schema = persisted.schema
-        self.ranks = list(persisted.ranks)
+        self.deferred = persisted is None
+        if persisted is None:
+            if plan is None or schema is None:
+                raise TypeError("a deferred GPUResult needs its plan and its schema")
+            self.schema = schema
+            self.ranks: list[int] = []
+        else:
+            self.schema = persisted.schema
+            self.ranks = list(persisted.ranks)
         self.engine_seconds = engine_seconds
-        self.produced_by = current_run_name()
+        self.produced_by = run.name
+        self.produced_by_task_run_id = None if run.task_run_id is None else str(run.task_run_id)
         self.consumed_by: str | None = None
         self.consumed_by_id: str | None = None
         self.lineage = lineage
+        self.fused = tuple(fused)
         self._persisted: PersistedResult | None = persisted
+        self._plan = plan
+        self._held: tuple[GPUResult, ...] = tuple(held_inputs)
         self._owner = owner
         self._state: State = "live"
         self._lock = threading.Lock()
@@ -244,9 +325,25 @@ class GPUResult:
         The backend's persisted result while this handle holds it.
 
         ``None`` once the result was released, or consumed and its read is
-        over: the handle then keeps no engine memory alive.
+        over: the handle then keeps no engine memory alive. Always ``None``
+        for a deferred result.
         """
         return self._persisted
+
+    @property
+    def held_inputs(self) -> tuple[GPUResult, ...]:
+        """
+        The inputs a deferred result's plan reads (claimed by its step), until they are freed.
+
+        Freed after its reader's engine call (success or failure), or when the
+        deferred result is released unread. Empty for a materialized result.
+        """
+        return self._held
+
+    @property
+    def holding(self) -> bool:
+        """Whether it still holds something to free: partitions, or a deferred plan and its inputs."""
+        return self._persisted is not None or self._plan is not None or bool(self._held)
 
     @property
     def partitions(self) -> int:
@@ -267,6 +364,9 @@ class GPUResult:
         WrongEngineError
             If another engine session is active here than the one that produced it.
         """
+        self._check_readable(None)
+
+    def _check_readable(self, run: RunIdentity | None) -> None:
         if self._state == "released":
             raise ResultReleasedError(
                 f"GPUResult {self.name!r} (id {self.id}) was released{self._released_because()}; "
@@ -276,7 +376,8 @@ class GPUResult:
                 result_name=self.name,
             )
         if self._state == "consumed":
-            read_here = self.consumed_by_id is not None and self.consumed_by_id == current_run_id()
+            here = (run if run is not None else current_run()).run_id
+            read_here = self.consumed_by_id is not None and self.consumed_by_id == here
             advice = (
                 # A second read in the run that read it: a self-join, or .lazy() twice.
                 f"already read in this same {self.consumed_by}: a GPU result is read once "
@@ -348,31 +449,38 @@ class GPUResult:
 
         The frame must be run by the producing session (the ``execute`` and
         ``collect`` tasks and ``gpu_task`` tasks do this) and read once: running
-        it moves the partitions out of the engine's store.
+        it moves the partitions out of the engine's store. For a deferred
+        result it is the deferred step's plan itself, so the reader's engine
+        call runs both steps as one query.
 
         Returns
         -------
         polars.LazyFrame
-            Scans the result's partitions; chain further query steps onto it.
+            Scans the result's partitions (or, deferred, computes them); chain
+            further query steps onto it.
 
         Raises
         ------
         ResultReleasedError, ResultConsumedError, WrongEngineError
             See :meth:`check_readable`.
         """
-        return self._claim().lazy()
+        handed = self._claim(hand_over=False)
+        if isinstance(handed, HeldPlan):
+            return handed.plan
+        return handed.lazy()
 
-    def hand_over(self) -> PersistedResult:
+    def hand_over(self) -> PersistedResult | HeldPlan:
         """
-        Claim the result without reading it and give up its persisted result.
+        Claim the result without reading it and give up what it holds.
 
-        For ``tee``, whose first copy wraps the same partitions in a new
-        handle (:meth:`~prefect_cudf_polars.blocks.EngineSession.adopt`). This
-        handle becomes ``"consumed"`` (by the current run) and holds nothing.
+        For ``tee``, whose first copy wraps the same partitions (or, deferred,
+        the same plan and held inputs) in a new handle
+        (:meth:`~prefect_cudf_polars.blocks.EngineSession.adopt`). This handle
+        becomes ``"consumed"`` (by the current run) and holds nothing.
 
         Returns
         -------
-        PersistedResult
+        PersistedResult or HeldPlan
 
         Raises
         ------
@@ -381,19 +489,28 @@ class GPUResult:
         """
         return self._claim(hand_over=True)
 
-    def _claim(self, *, hand_over: bool = False) -> PersistedResult:
-        # Check, mark consumed by the current run, tell the session; return the persisted result.
+    def _claim(self, *, hand_over: bool) -> PersistedResult | HeldPlan:
+        # Check, mark consumed by the current run, tell the session; return what it holds.
+        run = current_run()
         with self._lock:
-            self.check_readable()
+            self._check_readable(run)
             self._state = "consumed"
-            self.consumed_by = current_run_name()
-            self.consumed_by_id = current_run_id()
-            persisted = self._persisted
-            if hand_over:
-                self._persisted = None
+            self.consumed_by = run.name
+            self.consumed_by_id = run.run_id
+            handed: PersistedResult | HeldPlan | None
+            if self.deferred:
+                assert self._plan is not None  # a live deferred result holds its plan
+                handed = HeldPlan(self._plan, self.schema, self._held, self.fused)
+                self._plan = None  # its reader holds the plan now
+                if hand_over:
+                    self._held = ()
+            else:
+                handed = self._persisted
+                if hand_over:
+                    self._persisted = None
         self._owner.result_claimed(self)
-        assert persisted is not None  # a live result holds its persisted result
-        return persisted
+        assert handed is not None  # a live result holds its persisted result
+        return handed
 
     # ---- releasing ----------------------------------------------------------
     def release(self) -> None:
@@ -402,14 +519,19 @@ class GPUResult:
 
         A live result becomes ``"released"``. A consumed one keeps its state, and
         any partition its read left behind (a failed query, an unread scan) is
-        freed; the handle then holds no engine memory.
+        freed; the handle then holds no engine memory. A deferred result frees
+        the inputs it held (and they, recursively, theirs).
         """
         self.mark_released()  # counted first: a free the engine never answers still counts
         with self._lock:
             persisted, self._persisted = self._persisted, None
+            held, self._held = self._held, ()
+            self._plan = None
         if persisted is not None:
             # cudf-polars' release is idempotent and never raises.
             self._owner.release_on_engine(persisted.release)
+        for result in held:
+            result.release()
 
     def mark_released(self) -> None:
         """
@@ -427,7 +549,6 @@ class GPUResult:
         if was_live:
             self._owner.result_released(self)
 
-
     def session_ended(self, tombstone: ResultOwner, *, drop: bool) -> None:
         """
         Point this result at ``tombstone`` instead of its ended session (the session's end calls it).
@@ -437,9 +558,10 @@ class GPUResult:
         tombstone : ResultOwner
             What is left of the session (:class:`EndedSession`).
         drop : bool
-            Also let go of the persisted result. False when the engine stopped
-            answering: the session's queued teardown frees it on the engine's
-            thread if the engine answers.
+            Also let go of the persisted result (and a deferred result's plan
+            and held inputs). False when the engine stopped answering: the
+            session's queued teardown frees it on the engine's thread if the
+            engine answers.
         """
         with self._lock:
             self._owner = tombstone
@@ -447,6 +569,8 @@ class GPUResult:
                 self._state = "released"
             if drop:
                 self._persisted = None
+                self._plan = None
+                self._held = ()
 
     def __enter__(self) -> GPUResult:
         """Return the result; :meth:`release` runs on exit."""
@@ -459,9 +583,10 @@ class GPUResult:
     def __repr__(self) -> str:
         cols = ", ".join(f"{k}: {v}" for k, v in list(self.schema.items())[:8])
         more = ", ..." if len(self.schema) > 8 else ""
+        where = "deferred" if self.deferred else f"partitions={self.partitions}"
         return (
             f"GPUResult(name={self.name!r}, id={self.id[:12]}, state={self._state}, "
-            f"backend={self.backend}, partitions={self.partitions}, "
+            f"backend={self.backend}, {where}, "
             f"schema={{{cols}{more}}})"
         )
 

@@ -10,6 +10,11 @@ host memory. The first copy takes over the original's partitions.
 Cost: one re-run of the result's lineage and one more result's worth of engine
 memory per extra copy. A result whose lineage cannot be replayed is refused
 before anything is claimed, so nothing is lost.
+
+A deferred result splits into deferred copies: the first takes over its plan
+and the inputs it holds, the others are deferred replays of its lineage, and
+each copy's plan runs in full in the engine call of whichever task reads it
+(N copies read: N runs of the deferred steps).
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ def split_result(session: EngineSession, result: GPUResult, n: int) -> list[GPUR
     Returns
     -------
     list of GPUResult
-        The first wraps ``result``'s partitions; the others are replays.
+        The first wraps ``result``'s partitions (or, deferred, its plan); the
+        others are replays (deferred, for a deferred result).
 
     Raises
     ------
@@ -72,10 +78,10 @@ def split_result(session: EngineSession, result: GPUResult, n: int) -> list[GPUR
     try:
         for _ in range(n - 1):
             extra.append(lineage.replay(session, name=result.name))  # type: ignore[union-attr]
-        persisted = result.hand_over()
+        handed = result.hand_over()
     except BaseException:
         for copy in extra:
             copy.release()
         raise
-    first = session.adopt(persisted, name=result.name, lineage=lineage)
+    first = session.adopt(handed, name=result.name, lineage=lineage)
     return [first, *extra]

@@ -93,9 +93,12 @@ class ResultRegistry:
             return list(self._live.values())
 
     def holding(self) -> list[GPUResult]:
-        """The results that still hold engine memory: live, or consumed with something left to free."""
+        """
+        The results that still hold something to free: engine memory (live, or consumed
+        with something left), or a deferred plan and the inputs it reads.
+        """
         with self._lock:
-            return [r for r in list(self._all) if r.persisted is not None]
+            return [r for r in list(self._all) if r.holding]
 
     def forget(self) -> list[GPUResult]:
         """Hand back every result still alive and keep none (the session's end)."""

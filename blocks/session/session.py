@@ -55,7 +55,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
@@ -67,8 +67,8 @@ from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.monitoring.monitor import END_WAIT_S, SessionMonitor
 from prefect_cudf_polars.blocks.results.lineage import Lineage
-from prefect_cudf_polars.blocks.results.result import EndedSession, GPUResult
-from prefect_cudf_polars.blocks.results.run_identity import current_task_run_id
+from prefect_cudf_polars.blocks.results.result import EndedSession, FusedStep, GPUResult, HeldPlan
+from prefect_cudf_polars.blocks.results.run_identity import RunIdentity, current_run
 from prefect_cudf_polars.blocks.session import exit_hook, lines, nesting
 from prefect_cudf_polars.blocks.session.memory import MemoryTracker
 from prefect_cudf_polars.blocks.session.owner import OwnerThread
@@ -146,6 +146,7 @@ class EngineSession:
         self.backend: str | None = None
         self.description: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
+        self._engine_calls = 0  # counted on the owner thread only
         self.fallback_warning: str | None = None
         self.monitor = SessionMonitor(self.id)
         self.shutdown_thread: str | None = None
@@ -591,6 +592,7 @@ class EngineSession:
             "memory": self.memory,
             "peak_memory": self._memory.peak,
             "peak_memory_per_rank": dict(self._memory.peak_per_rank),
+            "engine_calls": self._engine_calls,
             "timings": dict(self.timings),
             "shutdown_thread": self.shutdown_thread,
             "teardown": self.teardown,
@@ -684,7 +686,12 @@ class EngineSession:
 
     # ---- engine calls ------------------------------------------------------
     def execute(
-        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None
+        self,
+        lf: pl.LazyFrame,
+        *,
+        name: str | None = None,
+        lineage: Lineage | None = None,
+        inputs: Sequence[GPUResult] = (),
     ) -> GPUResult:
         """
         Run ``lf`` on the engine; the result stays where the engine keeps it.
@@ -702,6 +709,12 @@ class EngineSession:
         lineage : Lineage, optional
             How to produce the result again (default: ``lf`` itself, see
             :mod:`~prefect_cudf_polars.blocks.results.lineage`).
+        inputs : sequence of GPUResult, optional
+            The results ``lf`` was built from (a task's arguments). Right after
+            the engine call, success or failure, in the same hand-off to the
+            owner thread, the claimed ones are freed: what a read left behind,
+            and what a deferred one held. The deferred ones are listed as fused
+            into the new result (:attr:`GPUResult.fused`).
 
         Returns
         -------
@@ -721,12 +734,14 @@ class EngineSession:
         """
         running = self._check_open()
         name = name or "query"
-        late = self._late_result(name, current_task_run_id())
+        run = current_run()
+        claimed = [r for r in inputs if r.state == "consumed"]
+        late = self._late_result(name, run.task_run_id)
         try:
             if self._owner is None:
                 raise SessionError(self.ended_message())
             persisted, seconds, memory_after = self._owner.run(
-                self._execute_on_owner, running, lf, on_late=late
+                self._execute_on_owner, running, lf, claimed, on_late=late
             )
         except Exception as exc:
             raise_engine_error(exc)
@@ -737,14 +752,20 @@ class EngineSession:
             lineage=lineage if lineage is not None else Lineage.of_query(lf),
             query=lf,
             memory_after=memory_after,
+            run=run,
+            fused=fused_steps(claimed),
         )
 
     def _execute_on_owner(
-        self, running: RunningEngine, lf: pl.LazyFrame
+        self, running: RunningEngine, lf: pl.LazyFrame, claimed: list[GPUResult]
     ) -> tuple[PersistedResult, float, int | None]:
-        started = time.perf_counter()
-        persisted = running.execute(lf)
-        seconds = time.perf_counter() - started
+        self._engine_calls += 1
+        try:
+            started = time.perf_counter()
+            persisted = running.execute(lf)
+            seconds = time.perf_counter() - started
+        finally:
+            free_claimed(claimed)
         return persisted, seconds, self._memory.read(running)
 
     def _late_result(self, name: str, task_run_id: Any) -> Callable[[Any], None]:
@@ -758,18 +779,92 @@ class EngineSession:
 
         return release_late
 
-    def adopt(
-        self, persisted: PersistedResult, *, name: str, lineage: Lineage | None
+    def defer(
+        self,
+        lf: pl.LazyFrame,
+        *,
+        name: str | None = None,
+        lineage: Lineage | None = None,
+        inputs: Sequence[GPUResult] = (),
     ) -> GPUResult:
         """
-        A new live result of this session that wraps an existing persisted result.
+        Check ``lf`` and keep it as a deferred result, to run fused into its reader's engine call.
 
-        For ``tee``, whose first copy takes over the partitions of the result it
-        splits (:meth:`GPUResult.hand_over`).
+        Nothing runs on the engine: the plan's schema is resolved (a column
+        that does not exist fails here), and the engine refuses now what it
+        would refuse later (on the ``cpu`` backend, the GPU-support check,
+        when the block's ``raise_on_fail`` is True; everywhere, a zero-column
+        read of a result's frame). The result's reader claims it as any
+        result and gets the plan; after the reader's engine call the inputs
+        the plan reads are freed. Released unread, it ran nothing and frees
+        them too.
 
         Parameters
         ----------
-        persisted : PersistedResult
+        lf : polars.LazyFrame
+            The step's query.
+        name : str, optional
+            Readable name for the result (default ``"query"``).
+        lineage : Lineage, optional
+            How to produce it again (default: ``lf`` itself); a replay defers again.
+        inputs : sequence of GPUResult, optional
+            The results ``lf`` was built from (a task's arguments); the claimed
+            ones are held by the deferred result until its reader's engine call.
+
+        Returns
+        -------
+        GPUResult
+            Live and deferred (:attr:`GPUResult.deferred`), registered in this session.
+
+        Raises
+        ------
+        polars.exceptions.ColumnNotFoundError, polars.exceptions.SchemaError
+            When the plan's schema cannot be resolved (polars' own error, with a note
+            naming the step); for example a column that does not exist.
+        NotImplementedError
+            When the engine would refuse the plan (nothing has run).
+        SessionError
+            When the session has ended.
+        """
+        running = self._check_open()
+        name = name or "query"
+        try:
+            schema = lf.collect_schema()
+            running.check_plan(lf)
+        except Exception as exc:
+            exc.add_note(
+                f"Raised by the deferred step {name!r}: a deferred step resolves its "
+                "query's schema and checks its plan before the task that reads it runs it."
+            )
+            raise
+        run = current_run()
+        held = [r for r in inputs if r.state == "consumed"]
+        own = FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
+        return self._register(
+            None,
+            name=name,
+            engine_seconds=0.0,
+            lineage=lineage if lineage is not None else Lineage.of_query(lf, deferred=True),
+            query=lf,
+            memory_after=None,
+            run=run,
+            fused=(*fused_steps(held), own),
+            held=HeldPlan(lf, schema, tuple(held), ()),
+        )
+
+    def adopt(
+        self, handed: PersistedResult | HeldPlan, *, name: str, lineage: Lineage | None
+    ) -> GPUResult:
+        """
+        A new live result of this session that wraps what a result of it handed over.
+
+        For ``tee``, whose first copy takes over the partitions (or, deferred,
+        the plan and held inputs) of the result it splits
+        (:meth:`GPUResult.hand_over`).
+
+        Parameters
+        ----------
+        handed : PersistedResult or HeldPlan
             Handed over by a result of this session.
         name : str
             Readable name of the new result.
@@ -779,49 +874,87 @@ class EngineSession:
         Returns
         -------
         GPUResult
+            Deferred when ``handed`` is a :class:`HeldPlan`.
 
         Raises
         ------
         SessionError
-            When the session has ended (``persisted`` is released).
+            When the session has ended (what was handed over is released).
         """
+        if isinstance(handed, HeldPlan):
+            return self._register(
+                None,
+                name=name,
+                engine_seconds=0.0,
+                lineage=lineage,
+                query=None,
+                memory_after=None,
+                run=current_run(),
+                fused=handed.steps,
+                held=handed,
+            )
         return self._register(
-            persisted,
+            handed,
             name=name,
             engine_seconds=0.0,
             lineage=lineage,
             query=None,
             memory_after=self._note_memory(),
+            run=current_run(),
         )
 
     def _register(
         self,
-        persisted: PersistedResult,
+        persisted: PersistedResult | None,
         *,
         name: str,
         engine_seconds: float,
         lineage: Lineage | None,
         query: pl.LazyFrame | None,
         memory_after: int | None,
+        run: RunIdentity,
+        fused: Sequence[FusedStep] = (),
+        held: HeldPlan | None = None,
     ) -> GPUResult:
         result = GPUResult(
-            persisted, owner=self, name=name, engine_seconds=engine_seconds, lineage=lineage
+            persisted,
+            owner=self,
+            name=name,
+            engine_seconds=engine_seconds,
+            lineage=lineage,
+            run=run,
+            fused=fused,
+            plan=None if held is None else held.plan,
+            schema=None if held is None else held.schema,
+            held_inputs=() if held is None else held.held_inputs,
         )
         if not self._registry.add(result):
             result.session_ended(EndedSession(self.id, self.backend, self.served_run, subflow=self._subflow), drop=False)
-            self.release_on_engine(persisted.release)
+            if persisted is not None:
+                self.release_on_engine(persisted.release)
+            free_claimed(result.held_inputs)
             raise SessionError(self.ended_message())
         self.monitor.result_created(result, query, memory_after=memory_after)
         return result
 
-    def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
+    def collect(
+        self, query: pl.LazyFrame | GPUResult, *, inputs: Sequence[GPUResult] = ()
+    ) -> pl.DataFrame:
         """
-        Run ``lf`` on the engine and return the result on the host.
+        Run a query on the engine and return the result on the host.
+
+        When deferred steps ran in this engine call, an artifact on the current
+        task run (or flow run) lists them, as a result's artifact does.
 
         Parameters
         ----------
-        lf : polars.LazyFrame
-            The query.
+        query : polars.LazyFrame or GPUResult
+            The query; a GPUResult is claimed (read once) and run as it is (a
+            deferred one runs its fused plan, in this one engine call).
+        inputs : sequence of GPUResult, optional
+            As for :meth:`execute`: the claimed ones are freed right after the
+            engine call, success or failure, on the owner thread (a GPUResult
+            ``query`` is one of them).
 
         Returns
         -------
@@ -829,19 +962,39 @@ class EngineSession:
 
         Raises
         ------
-        ResultConsumedError, DeviceMemoryError, SessionError
+        ResultReleasedError, ResultConsumedError, WrongEngineError
+            When ``query`` is a GPUResult that cannot be read (see
+            :meth:`GPUResult.check_readable`); nothing has run.
+        DeviceMemoryError, SessionError
             As for :meth:`execute`.
         """
         running = self._check_open()
+        if isinstance(query, GPUResult):
+            inputs = [*inputs, query]
+            lf = query.lazy()
+        else:
+            lf = query
+        claimed = [r for r in inputs if r.state == "consumed"]
+        fused = fused_steps(claimed)
         try:
-            return self.run(self._collect_on_owner, running, lf)
+            df, seconds = self.run(self._collect_on_owner, running, lf, claimed)
         except Exception as exc:
             raise_engine_error(exc)
-
-    def _collect_on_owner(self, running: RunningEngine, lf: pl.LazyFrame) -> pl.DataFrame:
-        df = running.collect(lf)
-        self._memory.read(running)
+        self.monitor.collected(fused, engine_seconds=seconds, rows=df.height)
         return df
+
+    def _collect_on_owner(
+        self, running: RunningEngine, lf: pl.LazyFrame, claimed: list[GPUResult]
+    ) -> tuple[pl.DataFrame, float]:
+        self._engine_calls += 1
+        try:
+            started = time.perf_counter()
+            df = running.collect(lf)
+            seconds = time.perf_counter() - started
+        finally:
+            free_claimed(claimed)
+        self._memory.read(running)
+        return df, seconds
 
     def memory_in_use(self) -> int | None:
         """
@@ -931,3 +1084,15 @@ class EngineSession:
             f"EngineSession(id={self.id[:8]}, backend={self.backend}, {state}, "
             f"live_results={len(self._registry.live)})"
         )
+
+
+def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
+    """The deferred steps that claimed deferred inputs bring into a query, upstream first."""
+    return tuple(step for result in claimed if result.deferred for step in result.fused)
+
+
+def free_claimed(claimed: Sequence[GPUResult]) -> None:
+    """Free what claimed inputs still hold (a read's leftovers; a deferred input's held inputs)."""
+    for result in claimed:
+        if result.state == "consumed":
+            result.release()

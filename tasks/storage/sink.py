@@ -244,7 +244,7 @@ def sink_parquet(
         lf = result.lazy().sink_parquet(
             str(sink_path), compression=compression, mkdir=True, lazy=True  # type: ignore[arg-type]
         )
-        session.collect(lf)
+        session.collect(lf, inputs=[result])
     except BaseException:
         if remote:  # nothing was uploaded; partial staged parts are of no use
             shutil.rmtree(folder, ignore_errors=True)

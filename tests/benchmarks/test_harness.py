@@ -88,9 +88,9 @@ def run_bench(tpch_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 PIPELINES = ("q1-pricing-summary", "q3-shipping-priority", "q5-local-supplier-volume")
 #: The measured pipeline variants of a full run: (g) brings its NO_CACHE sub-variant.
-PIPELINE_VARIANTS = ("a", "h", "b", "c", "d", "g", "g-nocache", "e")
+PIPELINE_VARIANTS = ("a", "a-deferred", "h", "b", "c", "d", "g", "g-nocache", "e")
 #: Variants that call a chain of Prefect tasks, by the prefix of their task names.
-TASK_PREFIXES = {"floor.": "h", "peer-nocache.": "g-nocache", "peer.": "g"}
+TASK_PREFIXES = {"deferred.": "a-deferred", "floor.": "h", "peer-nocache.": "g-nocache", "peer.": "g"}
 SF001_ROWS = {
     "lineitem": 60_175,
     "orders": 15_000,
@@ -165,15 +165,15 @@ def _pipeline_runs(task_runs: list[Any]) -> dict[str, list[str]]:
 
 
 def test_cpu_run_interleaves_the_variants_round_by_round(cpu_run):
-    """The task runs read back from the API: each round runs (a), (h), (g), (g) NO_CACHE once, in turn."""
+    """The task runs read back from the API: each round runs (a), (a) deferred, (h), (g), (g) NO_CACHE once, in turn."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterFlowRunId
     from prefect.client.schemas.sorting import TaskRunSort
 
     flow_run_id = cpu_run.results["engines"]["0.01"]["flow_run_id"]
-    # 3 pipelines x 3 rounds x 4 chains x 3 steps, then (f): 8 gpu-task, 8 plain-task,
+    # 3 pipelines x 3 rounds x 5 chains x 3 steps, then (f): 8 gpu-task, 8 plain-task,
     # 8 noop-task calls (3 warm-ups + 5) and 5 profiled gpu-task calls.
-    expected = 3 * 3 * 4 * 3 + 3 * 8 + 5
+    expected = 3 * 3 * 5 * 3 + 3 * 8 + 5
     deadline = time.monotonic() + 60
     while True:  # task run states arrive as events, persisted in the background
         with get_client(sync_client=True) as client:
@@ -187,7 +187,7 @@ def test_cpu_run_interleaves_the_variants_round_by_round(cpu_run):
         assert time.monotonic() < deadline, f"{len(runs)} of {expected} task runs arrived"
         time.sleep(0.5)
     assert len(runs) == expected
-    assert _pipeline_runs(runs) == {p: ["a", "h", "g", "g-nocache"] * 3 for p in PIPELINES}
+    assert _pipeline_runs(runs) == {p: ["a", "a-deferred", "h", "g", "g-nocache"] * 3 for p in PIPELINES}
     # Prefect's default cache policy hashes (g)'s inputs but never answers from a cache.
     assert {r.state.name for r in runs} == {"Completed"}
 
@@ -213,7 +213,8 @@ def test_goals_are_computed_from_the_measurements(cpu_run):
             assert by[("a/b ≤ 1.05", p, sf)]["met"] is None
             assert f"scale factor {sf} not in this run" in by[("a/b ≤ 1.05", p, sf)]["note"]
         deferred = by[("a/c ≤ 1.10, every step but the last deferred", p, "10")]
-        assert deferred["value"] is None and "no deferred-steps variant" in deferred["note"]
+        assert deferred["value"] == pytest.approx(med[(p, "a-deferred")] / med[(p, "c")])
+        assert deferred["met"] is (deferred["value"] <= 1.10)
     ours = by[("our overhead over a plain Prefect task ≤ 1 ms per GPU task", "tiny query", "10")]
     o = {m["name"]: m["median_ms"] for m in doc["task_overhead"]}
     assert ours["value"] == pytest.approx(o["gpu-task"] - o["plain-task"])
@@ -297,6 +298,30 @@ def test_pipeline_steps_compute_the_tpch_answers(cpu_run, tpch_dir):
 
 
 @pytest.mark.skipif(gpu_probe.probe().problem is None, reason="this machine has a GPU")
+def test_deferred_variant_runs_each_pipeline_in_its_last_tasks_engine_call(run_bench):
+    """(a) deferred: every step but the last deferred; one engine call per pipeline run, same rows."""
+    from benchmarks.goals import goals
+
+    run = run_bench(*one_round("cpu", "--variants", "a-deferred,c"))
+    assert run.returncode == 0, run.output[-4000:]
+    doc = run.results
+    got = {(m["pipeline"], m["variant"]): m for m in doc["measurements"]}
+    assert set(got) == {(p, v) for p in PIPELINES for v in ("a-deferred", "c")}
+    for (pipeline, variant), m in got.items():
+        assert m["status"] == "ok", (pipeline, variant, m.get("error"))
+        assert m["matches_reference"] is True, m.get("mismatch")
+    assert all(len(got[(p, "a-deferred")]["steps_median_s"]) == 3 for p in PIPELINES)
+    # (c) calls the bare engine; the session ran only the three last steps, each once.
+    assert doc["engines"]["0.01"]["session"]["engine_calls"] == len(PIPELINES)
+    relabelled = json.loads(json.dumps(doc).replace('"0.01"', '"10"'))
+    med = {(m["pipeline"], m["variant"]): m["median_s"] for m in relabelled["measurements"]}
+    by = {(g["goal"], g["pipeline"]): g for g in goals(relabelled) if g["scale_factor"] == "10"}
+    for p in PIPELINES:
+        row = by[("a/c ≤ 1.10, every step but the last deferred", p)]
+        assert row["value"] == pytest.approx(med[(p, "a-deferred")] / med[(p, "c")])
+    assert "(a) deferred" in (run.out / "results.md").read_text()
+
+
 def test_missing_gpu_is_recorded_and_the_cpu_variant_still_runs(run_bench):
     run = run_bench(
         *one_round(

@@ -1,0 +1,377 @@
+"""
+Deferred steps on the cpu backend: checked in their own task run, run fused in their reader's.
+
+Every flow here runs against Prefect's local API and reads real parquet files;
+task run states, artifacts and events are read back through the API.
+"""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+import pytest
+from polars.exceptions import ColumnNotFoundError
+from polars.testing import assert_frame_equal
+from prefect import flow
+
+from api_reads import artifacts_of, events_of, task_runs_of
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
+from prefect_cudf_polars.blocks.monitoring import events as ev
+from prefect_cudf_polars.tasks import GPUResult, ResultConsumedError, collect, execute, gpu_task, tee
+
+
+def runner(**fields) -> CudfPolarsTaskRunner:
+    return CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu", **fields))
+
+
+def big_orders(r: GPUResult) -> pl.LazyFrame:
+    return r.lazy().filter(pl.col("amount") > 50)
+
+
+def doubled(r: GPUResult) -> pl.LazyFrame:
+    return r.lazy().with_columns((pl.col("amount") * 2).alias("double"))
+
+
+def totals(r: GPUResult) -> pl.LazyFrame:
+    return r.lazy().group_by("customer").agg(pl.col("double").sum(), pl.len().alias("n")).sort("customer")
+
+
+def expected_totals(orders) -> pl.DataFrame:
+    return totals_of(pl.scan_parquet(orders)).collect()
+
+
+def totals_of(lf: pl.LazyFrame) -> pl.LazyFrame:
+    lf = lf.filter(pl.col("amount") > 50).with_columns((pl.col("amount") * 2).alias("double"))
+    return lf.group_by("customer").agg(pl.col("double").sum(), pl.len().alias("n")).sort("customer")
+
+
+def runs_of(flow_run_id, *names: str, timeout: float = 30.0) -> dict:
+    """The flow run's task runs by name, once each of ``names`` is there in a final state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = task_runs_of(flow_run_id, expect=len(names), timeout=timeout)
+        done = all(n in runs and runs[n].state is not None and runs[n].state.is_final() for n in names)
+        if done or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.5)
+
+
+def run(pipeline):
+    state = pipeline(return_state=True)
+    assert state.is_completed(), state
+    return state.result(), state.state_details.flow_run_id
+
+
+#: The task runs of :func:`chain`.
+CHAIN_RUNS = ("orders", "big-orders", "doubled", "totals", "collect-totals")
+
+
+def chain(orders, *, defer: bool):
+    """scan -> big_orders -> doubled -> totals, every step but the last deferred when ``defer``."""
+    big = gpu_task(name="big-orders", defer=defer)(big_orders)
+    double = gpu_task(name="doubled", defer=defer)(doubled)
+    total = gpu_task(name="totals")(totals)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        scanned = execute(pl.scan_parquet(orders), name="orders", defer=defer)
+        return collect(total(double(big(scanned)))), session
+
+    return pipeline
+
+
+def test_a_fused_chain_gives_the_rows_of_the_materialized_chain_in_one_engine_call(orders):
+    (fused, fused_session), _ = run(chain(orders, defer=True))
+    (plain, plain_session), _ = run(chain(orders, defer=False))
+    assert_frame_equal(fused, plain)
+    assert_frame_equal(fused, expected_totals(orders))
+    # Deferred: the scan, filter and column steps ran inside `totals`' engine call; then collect.
+    assert fused_session.summary()["engine_calls"] == 2
+    assert plain_session.summary()["engine_calls"] == 5
+    assert fused_session.summary()["counts"] == {"produced": 4, "consumed": 4, "released_unconsumed": 0}
+    assert fused_session.summary()["memory"]["before_shutdown"] == fused_session.summary()["memory"]["at_start"]
+
+
+def test_a_bad_column_fails_in_the_deferring_task_run(orders):
+    @gpu_task(name="bad-step", defer=True)
+    def bad_step(path: str) -> pl.LazyFrame:
+        return pl.scan_parquet(path).select(pl.col("no_such_column"))
+
+    @gpu_task(name="reader")
+    def reader(r: GPUResult) -> pl.LazyFrame:
+        return r.lazy()
+
+    seen = {}
+
+    @flow(task_runner=runner())
+    def pipeline():
+        seen["session"] = get_engine_session()
+        return reader(bad_step(str(orders)))
+
+    state = pipeline(return_state=True)
+    assert state.is_failed(), state
+    with pytest.raises(ColumnNotFoundError, match="no_such_column"):
+        state.result()
+    runs = runs_of(state.state_details.flow_run_id, "bad-step")
+    assert runs["bad-step"].state.is_failed()
+    assert "reader" not in runs or not runs["reader"].state.is_completed()
+    summary = seen["session"].summary()
+    assert summary["engine_calls"] == 0 and summary["counts"]["produced"] == 0
+
+
+@pytest.mark.filterwarnings("ignore::polars.exceptions.PolarsInefficientMapWarning")
+def test_a_deferred_plan_the_gpu_would_refuse_fails_in_the_deferring_task_run(orders):
+    pytest.importorskip("cudf_polars", reason="the GPU-support check needs cudf-polars importable")
+
+    @gpu_task(name="python-udf", defer=True)
+    def python_udf(path: str) -> pl.LazyFrame:
+        return pl.scan_parquet(path).select(
+            pl.col("amount").map_elements(lambda v: v * 2, return_dtype=pl.Float64)
+        )
+
+    seen = {}
+
+    @flow(task_runner=runner(raise_on_fail=True))
+    def pipeline():
+        seen["session"] = get_engine_session()
+        return collect(python_udf(str(orders)))
+
+    state = pipeline(return_state=True)
+    assert state.is_failed(), state
+    with pytest.raises(NotImplementedError, match=r"(?s)GPU.*anonymousfunction"):
+        state.result()
+    assert runs_of(state.state_details.flow_run_id, "python-udf")["python-udf"].state.is_failed()
+    assert seen["session"].summary()["engine_calls"] == 0
+
+
+def test_a_deferred_result_never_read_runs_nothing_and_frees_its_inputs(orders):
+    later = gpu_task(name="later", defer=True)(big_orders)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        before = session.memory_in_use()
+        scanned = execute(pl.scan_parquet(orders), name="orders")
+        held = session.memory_in_use()
+        unread = later(scanned)
+        kept = session.memory_in_use()
+        unread.release()
+        return session, unread, scanned, (before, held, kept, session.memory_in_use())
+
+    (session, unread, scanned, (before, held, kept, after)), _ = run(pipeline)
+    assert held > before and kept == held  # the deferred step holds its input's partitions
+    assert after == before
+    assert unread.state == "released" and scanned.state == "consumed" and scanned.persisted is None
+    summary = session.summary()
+    assert summary["counts"] == {"produced": 2, "consumed": 1, "released_unconsumed": 1}
+    assert summary["engine_calls"] == 1  # the scan; the deferred step ran nothing
+
+
+def test_a_deferred_result_left_unread_is_released_unconsumed_at_session_end(orders):
+    later = gpu_task(name="later", defer=True)(big_orders)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        unread = later(execute(pl.scan_parquet(orders), name="orders"))
+        return session, unread
+
+    (session, unread), _ = run(pipeline)
+    assert unread.state == "released" and not unread.holding and unread.held_inputs == ()
+    summary = session.summary()
+    assert summary["counts"] == {"produced": 2, "consumed": 1, "released_unconsumed": 1}
+    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+
+
+def test_a_failed_reader_frees_what_the_deferred_step_held(orders):
+    later = gpu_task(name="later", defer=True)(big_orders)
+
+    @gpu_task(name="narrowing-reader")
+    def narrowing_reader(r: GPUResult) -> pl.LazyFrame:
+        # The schema resolves; the engine call fails: ids up to 999 do not fit in UInt8.
+        return r.lazy().with_columns(pl.col("id").cast(pl.UInt8, strict=True))
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        before = session.memory_in_use()
+        d = later(execute(pl.scan_parquet(orders), name="orders"))
+        state = narrowing_reader(d, return_state=True)
+        return state, before, session.memory_in_use(), session
+
+    (state, before, after, session), _ = run(pipeline)
+    assert state.is_failed(), state
+    with pytest.raises(pl.exceptions.InvalidOperationError, match="UInt8"):
+        state.result()
+    assert after == before
+    assert session.summary()["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
+
+
+def test_a_deferred_result_is_read_once(orders):
+    later = gpu_task(name="later", defer=True)(big_orders)
+    first = gpu_task(name="first-reader")(doubled)
+    second = gpu_task(name="second-reader")(doubled)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        d = later(execute(pl.scan_parquet(orders), name="orders"))
+        collect(first(d))
+        return second(d)
+
+    state = pipeline(return_state=True)
+    assert state.is_failed(), state
+    with pytest.raises(ResultConsumedError, match=r"(?s)'later'.*already consumed by task run 'first-reader'.*tee"):
+        state.result()
+
+
+def test_a_retried_reader_replays_the_deferred_steps(orders):
+    calls = {"big": 0, "reader": 0}
+
+    @gpu_task(name="big-orders", defer=True)
+    def big(r: GPUResult) -> pl.LazyFrame:
+        calls["big"] += 1
+        return big_orders(r)
+
+    @gpu_task(name="flaky-reader", retries=1, retry_delay_seconds=0)
+    def flaky_reader(r: GPUResult) -> pl.LazyFrame:
+        calls["reader"] += 1
+        lf = doubled(r)
+        if calls["reader"] == 1:
+            raise OSError("transient failure after the claim")
+        return lf
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        return collect(totals_reader(flaky_reader(big(execute(pl.scan_parquet(orders), name="orders"))))), session
+
+    totals_reader = gpu_task(name="totals")(totals)
+    (got, session), _ = run(pipeline)
+    assert_frame_equal(got, expected_totals(orders))
+    assert calls == {"big": 2, "reader": 2}  # the retry replayed the deferred step's lineage
+    summary = session.summary()
+    assert summary["counts"]["released_unconsumed"] == 0
+    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+
+
+def test_tee_of_a_deferred_result_gives_deferred_copies_that_each_run_the_plan(orders):
+    calls = []
+
+    @gpu_task(name="big-orders", defer=True)
+    def big(r: GPUResult) -> pl.LazyFrame:
+        calls.append(1)
+        return big_orders(r)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        a, b = tee(big(execute(pl.scan_parquet(orders), name="orders")), 2)
+        deferred = (a.deferred, b.deferred)
+        return collect(a), collect(b.lazy().select(pl.len())), deferred, session
+
+    (first, count, deferred, session), _ = run(pipeline)
+    expected = pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect()
+    assert_frame_equal(first, expected)
+    assert count.item() == expected.height
+    assert deferred == (True, True)
+    assert len(calls) == 2  # the second copy replays the deferred step
+    summary = session.summary()
+    assert summary["counts"]["released_unconsumed"] == 0
+    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+
+
+def test_the_readers_artifact_lists_the_fused_steps_and_each_deferred_step_says_so(orders):
+    (_, _), flow_run_id = run(chain(orders, defer=True))
+    runs = runs_of(flow_run_id, *CHAIN_RUNS)
+    [reader] = artifacts_of(task_run_id=runs["totals"].id)
+    assert "Deferred steps fused into this engine call (3)" in reader.data
+    for step in ("orders", "big-orders", "doubled"):
+        assert f"| `{step}` | task run '{step}' (id {runs[step].id}) | `{runs[step].id}` |" in reader.data
+    assert "3 deferred step(s) fused in" in reader.description
+    # Upstream first.
+    assert reader.data.index("`orders`") < reader.data.index("`big-orders`") < reader.data.index("`doubled`")
+    [step] = artifacts_of(task_run_id=runs["doubled"].id)
+    assert "cudf-polars deferred step `doubled`" in step.data
+    assert "Deferred: runs fused into the task run that reads it" in step.data
+    assert "| engine call | none (deferred) |" in step.data
+
+
+def test_result_created_events_say_deferred_and_name_the_fused_steps(orders):
+    (_, _), flow_run_id = run(chain(orders, defer=True))
+    found = events_of(flow_run_id, expect={ev.RESULT_CREATED: 4, ev.RESULT_CONSUMED: 4})
+    created = {e.payload["name"]: e.payload for e in found if e.event == ev.RESULT_CREATED}
+    assert {name: p["deferred"] for name, p in created.items()} == {
+        "orders": True, "big-orders": True, "doubled": True, "totals": False,
+    }
+    runs = runs_of(flow_run_id, *CHAIN_RUNS)
+    assert created["totals"]["fused_steps"] == [
+        {"name": step, "produced_by": f"task run '{step}' (id {runs[step].id})", "task_run_id": str(runs[step].id)}
+        for step in ("orders", "big-orders", "doubled")
+    ]
+    consumed = {e.payload["name"]: e.payload for e in found if e.event == ev.RESULT_CONSUMED}
+    assert consumed["doubled"]["deferred"] is True and consumed["totals"]["deferred"] is False
+
+
+def test_session_collect_of_a_deferred_result_runs_one_engine_call(orders):
+    later = gpu_task(name="later", defer=True)(big_orders)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        d = later(execute(pl.scan_parquet(orders), name="orders", defer=True))
+        df = session.collect(d)
+        return df, session.summary()["engine_calls"], session.memory_in_use(), session.memory["at_start"]
+
+    (df, calls, memory, at_start), _ = run(pipeline)
+    assert_frame_equal(df, pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect())
+    assert calls == 1 and memory == at_start
+
+
+def test_a_collecting_step_cannot_be_deferred():
+    with pytest.raises(ValueError, match=r"collect=True, defer=True.*Defer the steps before it"):
+        gpu_task(collect=True, defer=True)
+
+
+def test_a_collecting_task_runs_artifact_lists_the_deferred_steps_it_ran(orders):
+    big = gpu_task(name="big-orders", defer=True)(big_orders)
+    collect_doubled = gpu_task(name="collect-doubled", collect=True)(doubled)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        return collect_doubled(big(execute(pl.scan_parquet(orders), name="orders", defer=True)))
+
+    df, flow_run_id = run(pipeline)
+    expected = pl.scan_parquet(orders).filter(pl.col("amount") > 50).with_columns(
+        (pl.col("amount") * 2).alias("double")
+    ).collect()
+    assert_frame_equal(df, expected)
+    runs = runs_of(flow_run_id, "orders", "big-orders", "collect-doubled")
+    [artifact] = artifacts_of(task_run_id=runs["collect-doubled"].id)
+    assert artifact.description == "cudf-polars collect: 2 deferred step(s) fused in"
+    assert f"| rows returned to the host | {expected.height:,} |" in artifact.data
+    for step in ("orders", "big-orders"):
+        assert f"| `{step}` | task run '{step}' (id {runs[step].id}) | `{runs[step].id}` |" in artifact.data
+
+
+def test_sink_parquet_of_a_deferred_result_runs_the_plan_and_frees_what_it_held(orders, tmp_path):
+    from prefect_cudf_polars.tasks import sink_parquet
+
+    later = gpu_task(name="later", defer=True)(big_orders)
+    target = tmp_path / "big-orders"
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        summary = sink_parquet(later(execute(pl.scan_parquet(orders), name="orders")), str(target))
+        return summary, session
+
+    (summary, session), _ = run(pipeline)
+    expected = pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect()
+    assert summary.rows == expected.height
+    assert_frame_equal(pl.read_parquet(summary.files).sort("id"), expected.sort("id"))
+    counts = session.summary()
+    assert counts["engine_calls"] == 2  # the scan, then the sink with the deferred step in it
+    assert counts["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
+    assert counts["memory"]["before_shutdown"] == counts["memory"]["at_start"]
