@@ -201,13 +201,13 @@ def gpu_task(
     CannotRecomputeError
         At run time, on a retry, if an input the failed attempt read cannot be
         recomputed from its lineage (the task run then fails without more retries).
+    NotImplementedError, DeviceMemoryError, SessionError
+        At run time, from the engine call, as for
+        :func:`~prefect_cudf_polars.tasks.execute`.
     polars.exceptions.ColumnNotFoundError, NotImplementedError
         At run time, with ``defer``: the query's schema cannot be resolved, or
         its plan is refused (see :meth:`EngineSession.defer
         <prefect_cudf_polars.blocks.EngineSession.defer>`).
-    NotImplementedError, DeviceMemoryError, SessionError
-        At run time, from the engine call, as for
-        :func:`~prefect_cudf_polars.tasks.execute`.
 
     Examples
     --------

@@ -107,3 +107,22 @@ def unchecked_cpu_backend(monkeypatch):
     from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
 
     monkeypatch.setattr(GPUSupportCheck, "open", classmethod(unchecked))
+
+
+@pytest.fixture()
+def figure(record_property):
+    """
+    Report a measured figure of a test: ``figure(name, value)``.
+
+    The figure is a property of the test in pytest's JUnit XML report
+    (``--junitxml``; ``.ci/device-gpu`` writes one) and a ``FIGURE`` line in the
+    test's captured output, so the lifecycle figures (seconds to Cancelled, a
+    timed-out task run's seconds, the driver's memory after each session) are
+    read from the report, not from a log.
+    """
+
+    def report(name: str, value) -> None:
+        record_property(name, value)
+        print(f"FIGURE {name} = {value}")
+
+    return report

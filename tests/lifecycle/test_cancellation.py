@@ -35,7 +35,7 @@ ENGINE_STOPPED = "prefect_cudf_polars.engine.stopped"
 
 @pytest.mark.parametrize("backend", SUBPROCESS_BACKENDS)
 @pytest.mark.timeout(600)
-def test_a_cancelled_flow_run_is_cancelled_within_10_s_with_its_teardown_done(backend, tmp_path, orders):
+def test_a_cancelled_flow_run_is_cancelled_within_10_s_with_its_teardown_done(backend, tmp_path, orders, figure):
     from prefect.deployments import run_deployment
 
     pool = f"cancel-{tmp_path.name}"[:50]
@@ -58,7 +58,7 @@ def test_a_cancelled_flow_run_is_cancelled_within_10_s_with_its_teardown_done(ba
         ready = json.loads(ready_file.read_text())
         assert ready["flow_run_id"] == str(flow_run.id) and ready["live"] == ["live", "live"]
         state, seconds = cancel_and_wait(flow_run.id)
-        print(f"{backend}: Cancelling to {state.type.value} in {seconds:.1f} s")
+        figure(f"{backend}_seconds_to_{state.type.value.lower()}", round(seconds, 2))
         assert state.is_cancelled(), state
         assert seconds <= CANCELLED_WITHIN_S, f"{backend}: Cancelled {seconds:.1f} s after the request"
     # No process of the run is left.

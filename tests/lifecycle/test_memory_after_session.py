@@ -84,7 +84,7 @@ def test_an_ended_sessions_objects_are_freed_by_reference_counting(cpu_block, or
 
 @pytest.mark.gpu
 @pytest.mark.timeout(900)
-def test_driver_memory_after_each_session_in_one_process_comes_back():
+def test_driver_memory_after_each_session_in_one_process_comes_back(figure):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT)],
         env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
@@ -93,8 +93,10 @@ def test_driver_memory_after_each_session_in_one_process_comes_back():
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
     out = json.loads(lines[-1][len("RESULT "):])
-    print(json.dumps(out))
     used = out["driver_used_after_run"]
+    figure("driver_used_after_run_bytes", used)
+    figure("rmm_before_shutdown_bytes", out["rmm_before_shutdown"])
+    figure("engine_freed", out["engine_freed"])
     assert len(used) == 4, out
     # How each session's engine was freed: "by reference counting", or "by gc.collect()" when a
     # reference cycle inside the engine forced the session's fallback (printed above).

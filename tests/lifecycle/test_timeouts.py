@@ -53,12 +53,13 @@ def span(task_run_id):
     return run.state, (run.end_time - run.start_time).total_seconds()
 
 
-def check_timed_out(session, task_run_id, live, before, after, engine_s: float, slack: int = 0) -> None:
+def check_timed_out(session, task_run_id, live, before, after, engine_s: float, slack: int = 0) -> float:
     """
     The checks of a timed-out GPU task (see the module docstring).
 
     ``slack``: bytes the engine may hold above its figure before (rmm's figure on a GPU
     may differ by a few bytes of allocator bookkeeping; the cpu backend's is exact).
+    Returns the task run's seconds from its start to TimedOut, from the API.
     """
     state, seconds = span(task_run_id)
     assert state.name == "TimedOut", state
@@ -69,6 +70,7 @@ def check_timed_out(session, task_run_id, live, before, after, engine_s: float, 
     assert live == (), f"the late result is still live: {live}"
     assert after - before <= slack, f"the engine holds {after} bytes, {before} before the timed-out task"
     assert session.summary()["teardown"] == "complete"
+    return seconds
 
 
 def test_a_submitted_gpu_task_past_its_timeout_ends_timed_out_and_its_late_result_is_released(
@@ -111,7 +113,7 @@ def test_a_gpu_task_called_in_the_flow_body_past_its_timeout_ends_timed_out(cpu_
 
 @pytest.mark.gpu
 @pytest.mark.timeout(900)
-def test_on_the_gpu_a_timed_out_task_ends_at_its_timeout_and_its_late_result_is_released():
+def test_on_the_gpu_a_timed_out_task_ends_at_its_timeout_and_its_late_result_is_released(figure):
     block = CudfPolarsEngine(backend="spmd", raise_on_fail=True)
 
     @flow(task_runner=CudfPolarsTaskRunner(block))
@@ -138,4 +140,7 @@ def test_on_the_gpu_a_timed_out_task_ends_at_its_timeout_and_its_late_result_is_
 
     session, run_id, rows, seconds, live, before, after = pipeline()
     assert rows == (10, 20)
-    check_timed_out(session, run_id, live, before, after, seconds, slack=2**20)
+    ended_after = check_timed_out(session, run_id, live, before, after, seconds, slack=2**20)
+    figure("engine_call_seconds", round(seconds, 2))
+    figure("timeout_seconds", round(seconds / 4, 2))
+    figure("task_run_seconds_to_timed_out", round(ended_after, 2))
