@@ -9,7 +9,7 @@ from prefect_cudf_polars.blocks.monitoring.run_names import collect_run_name, ex
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
-from prefect_cudf_polars.tasks.inputs import as_query, drop_claimed, refuse_released
+from prefect_cudf_polars.tasks.inputs import as_query, drop_claimed, refuse_released, unclaimed
 from prefect_cudf_polars.tasks.retry_inputs import recompute_for_retry, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
@@ -49,8 +49,9 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: boo
     ------
     TypeError
         If ``query`` is neither a LazyFrame nor a GPUResult.
-    polars.exceptions.ColumnNotFoundError, NotImplementedError
-        With ``defer``: the schema cannot be resolved, or the plan is refused.
+    polars.exceptions.PolarsError, NotImplementedError
+        With ``defer``: the schema cannot be resolved (polars' own error, for
+        example ``ColumnNotFoundError`` or ``SchemaError``), or the plan is refused.
     NoEngineSessionError
         If the flow run has no engine session.
     ResultReleasedError, ResultConsumedError, WrongEngineError
@@ -72,9 +73,11 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: boo
     session = get_engine_session()
     lineage = Lineage.of_query(query, deferred=defer)
     fresh: list[GPUResult] = []
+    claimable: list[GPUResult] = []
     result: GPUResult | None = None
     try:
         query = recompute_for_retry(query, session, fresh)
+        claimable = unclaimed(gpu_results_in(query))
         lf = as_query(query, task="execute")
         default = query.name if isinstance(query, GPUResult) else "query"
         run = session.defer if defer else session.execute
@@ -82,7 +85,7 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: boo
         result = run(lf, name=name or default, lineage=lineage, inputs=inputs)
         return result
     finally:
-        drop_claimed(gpu_results_in(query), held_by=result)
+        drop_claimed(claimable, held_by=result)
         drop_claimed(fresh, release_live=True, held_by=result)
 
 
@@ -119,10 +122,12 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
     refuse_released(query)
     session = get_engine_session()
     fresh: list[GPUResult] = []
+    claimable: list[GPUResult] = []
     try:
         query = recompute_for_retry(query, session, fresh)
+        claimable = unclaimed(gpu_results_in(query))
         lf = as_query(query, task="collect")
         return session.collect(lf, inputs=[query] if isinstance(query, GPUResult) else [])
     finally:
-        drop_claimed(gpu_results_in(query))
+        drop_claimed(claimable)
         drop_claimed(fresh, release_live=True)

@@ -29,7 +29,7 @@ from prefect_cudf_polars.blocks.monitoring.run_names import gpu_task_run_name
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in
 from prefect_cudf_polars.tasks.gpu_task_type import GPUTask
-from prefect_cudf_polars.tasks.inputs import drop_claimed, refuse_released
+from prefect_cudf_polars.tasks.inputs import drop_claimed, refuse_released, unclaimed
 from prefect_cudf_polars.tasks.retry_inputs import combined_retry_condition, recompute_for_retry
 from prefect_cudf_polars.tasks.task_defaults import (
     gpu_task_defaults,
@@ -59,6 +59,7 @@ class GPUCall:
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.inputs: list[Any] = []
+        self.claimable: list[Any] = []
         self.fresh: list[Any] = []
         self.result: Any = None
 
@@ -87,6 +88,7 @@ class GPUCall:
         try:
             call.args, call.kwargs = recompute_for_retry((args, kwargs), call.session, call.fresh)
             call.inputs = gpu_results_in((call.args, call.kwargs))
+            call.claimable = unclaimed(call.inputs)
             for result in call.inputs:
                 result.check_readable()
         except BaseException:
@@ -107,19 +109,20 @@ class GPUCall:
     def run(self, lf: pl.LazyFrame) -> Any:
         """Run the query on the session: a GPUResult (deferred with ``defer``), or a host DataFrame (``collect``)."""
         if self.collect:
-            return self.session.collect(lf, inputs=self.inputs)
+            return self.session.collect(lf, inputs=self.claimable)
         if self.defer:
-            self.result = self.session.defer(lf, name=self.name, lineage=self.lineage, inputs=self.inputs)
+            self.result = self.session.defer(lf, name=self.name, lineage=self.lineage, inputs=self.claimable)
             return self.result
-        return self.session.execute(lf, name=self.name, lineage=self.lineage, inputs=self.inputs)
+        return self.session.execute(lf, name=self.name, lineage=self.lineage, inputs=self.claimable)
 
     def finish(self) -> None:
         """
         Free what the claimed inputs left, and the recomputed inputs the query did not read.
 
-        Inputs the returned deferred result holds stay: its reader frees them.
+        Only inputs this call could claim (live when it started); inputs the
+        returned deferred result holds stay: its reader frees them.
         """
-        drop_claimed(self.inputs, held_by=self.result)
+        drop_claimed(self.claimable, held_by=self.result)
         drop_claimed(self.fresh, release_live=True, held_by=self.result)
 
 
@@ -204,8 +207,9 @@ def gpu_task(
     NotImplementedError, DeviceMemoryError, SessionError
         At run time, from the engine call, as for
         :func:`~prefect_cudf_polars.tasks.execute`.
-    polars.exceptions.ColumnNotFoundError, NotImplementedError
-        At run time, with ``defer``: the query's schema cannot be resolved, or
+    polars.exceptions.PolarsError, NotImplementedError
+        At run time, with ``defer``: the query's schema cannot be resolved
+        (polars' own error, for example ``ColumnNotFoundError``), or
         its plan is refused (see :meth:`EngineSession.defer
         <prefect_cudf_polars.blocks.EngineSession.defer>`).
 

@@ -66,6 +66,27 @@ def as_query(query: Any, *, task: str) -> pl.LazyFrame:
     )
 
 
+def unclaimed(results: list[GPUResult]) -> list[GPUResult]:
+    """
+    The inputs still live: the ones a call may claim, and so the only ones it may free.
+
+    Taken before the call claims anything. An input another run already claimed
+    (a deferred step holds it for its reader) is not this call's, even when the
+    call fails on it.
+
+    Parameters
+    ----------
+    results : list of GPUResult
+        A task's inputs.
+
+    Returns
+    -------
+    list of GPUResult
+        Those whose state is ``"live"``.
+    """
+    return [result for result in results if result.state == "live"]
+
+
 def drop_claimed(
     results: list[GPUResult], *, release_live: bool = False, held_by: GPUResult | None = None
 ) -> None:
@@ -83,7 +104,7 @@ def drop_claimed(
     Parameters
     ----------
     results : list of GPUResult
-        A task's inputs.
+        The inputs this call could claim (:func:`unclaimed`, taken before it did).
     release_live : bool
         Release live ones too.
     held_by : GPUResult, optional

@@ -710,7 +710,9 @@ class EngineSession:
             How to produce the result again (default: ``lf`` itself, see
             :mod:`~prefect_cudf_polars.blocks.results.lineage`).
         inputs : sequence of GPUResult, optional
-            The results ``lf`` was built from (a task's arguments). Right after
+            The results ``lf`` was built from that this call may claim (a task's
+            arguments that were live when it started; one another run claimed
+            is not this call's to free). Right after
             the engine call, success or failure, in the same hand-off to the
             owner thread, the claimed ones are freed: what a read left behind,
             and what a deferred one held. The deferred ones are listed as fused
@@ -808,8 +810,9 @@ class EngineSession:
         lineage : Lineage, optional
             How to produce it again (default: ``lf`` itself); a replay defers again.
         inputs : sequence of GPUResult, optional
-            The results ``lf`` was built from (a task's arguments); the claimed
-            ones are held by the deferred result until its reader's engine call.
+            The results ``lf`` was built from that this call may claim (as for
+            :meth:`execute`); the claimed ones are held by the deferred result
+            until its reader's engine call.
 
         Returns
         -------
@@ -818,11 +821,14 @@ class EngineSession:
 
         Raises
         ------
-        polars.exceptions.ColumnNotFoundError, polars.exceptions.SchemaError
+        polars.exceptions.PolarsError
             When the plan's schema cannot be resolved (polars' own error, with a note
-            naming the step); for example a column that does not exist.
+            naming the step, such as ``ColumnNotFoundError`` for a column that does
+            not exist).
         NotImplementedError
-            When the engine would refuse the plan (nothing has run).
+            When the engine would refuse the plan (nothing has run): on the ``cpu``
+            backend, its GPU-support check; on ``spmd``, ``dask`` and ``ray`` that
+            check is not run ahead, and a plan cudf-polars refuses fails in the reader.
         SessionError
             When the session has ended.
         """

@@ -375,3 +375,32 @@ def test_sink_parquet_of_a_deferred_result_runs_the_plan_and_frees_what_it_held(
     assert counts["engine_calls"] == 2  # the scan, then the sink with the deferred step in it
     assert counts["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
     assert counts["memory"]["before_shutdown"] == counts["memory"]["at_start"]
+
+
+def test_a_task_refused_an_input_a_deferred_step_holds_leaves_it_to_the_reader(orders):
+    """A task given a result another run claimed fails; the deferred step's reader still reads it."""
+    later = gpu_task(name="later", defer=True)(big_orders)
+    other = gpu_task(name="other")(doubled)
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        scanned = execute(pl.scan_parquet(orders), name="orders")
+        held = later(scanned)
+        refused = [
+            other(scanned, return_state=True),
+            execute(scanned, return_state=True),
+            collect(scanned, return_state=True),
+        ]
+        rows = collect(held)
+        return refused, rows, session
+
+    (refused, rows, session), _ = run(pipeline)
+    for state in refused:
+        assert state.is_failed(), state
+        with pytest.raises(ResultConsumedError, match="orders"):
+            state.result()
+    assert_frame_equal(rows, pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect())
+    summary = session.summary()
+    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"], summary["memory"]
+    assert summary["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}, summary["counts"]
