@@ -19,8 +19,9 @@ printing. The writer turns the records into the events of
   its runs by id.
 * A result's producing task run is recorded when it is created, so its
   ``released`` event can name that task run even at session end.
-* A result's artifact record keeps the query until the writer prints its plan;
-  at the session's end, before the engine shuts down, :meth:`SessionMonitor.settle`
+* A result's artifact record keeps the query until the writer prints its plan,
+  which it does as soon as it takes the record, ahead of the API write; at the
+  session's end, before the engine shuts down, :meth:`SessionMonitor.settle`
   prints the plans still pending, so no query (which may scan a result of the
   engine) outlives the engine.
 * The session's end puts the summary artifact and ``engine.stopped`` on the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -84,6 +86,9 @@ class MonitorOptions:
     summary_artifact: bool = True
 
 
+#: One plan is printed at a time, so a session's settle waits for a print under way on the writer's thread.
+_PRINTING = threading.Lock()
+
 #: What a new session's :attr:`SessionMonitor.options` start as; replace it to switch parts
 #: off for every session the process opens from then on.
 DEFAULT_OPTIONS = MonitorOptions()
@@ -120,10 +125,17 @@ class ResultArtifact:
         self.query = query
 
     def print_plan(self) -> None:
-        """Print the query's plan now and let go of the query (idempotent)."""
-        query, self.query = self.query, None
-        if query is not None:
-            self.plan = artifacts.query_plan(query)
+        """
+        Print the query's plan now and let go of the query (idempotent, thread-safe).
+
+        The writer's thread prints it as soon as it takes the record; a session's
+        :meth:`SessionMonitor.settle` prints the rest, waiting for a print under way.
+        """
+        with _PRINTING:
+            query, self.query = self.query, None
+            if query is not None:
+                self.plan = artifacts.query_plan(query)
+            del query  # let go while printing is still held
 
     def build(self) -> Any:
         """The ``ArtifactCreate`` of this result."""
@@ -186,13 +198,14 @@ class SessionMonitor:
         self._unprinted: weakref.WeakSet[ResultArtifact] = weakref.WeakSet()
 
     # ---- the queue ---------------------------------------------------------------
-    def _put(self, *, send: Any = None, build: Any = None, urgent: bool = False) -> None:
+    def _put(self, *, send: Any = None, build: Any = None, prepare: Any = None, urgent: bool = False) -> None:
         if send is None and build is None:
             return
         self._pending.add()
         if urgent:
             self._urgent.add()
-        WRITER.put(Record(send=send, build=build, urgent=urgent, on_done=self._urgent_done if urgent else self._pending.done, api_url=self._api_url))
+        on_done = self._urgent_done if urgent else self._pending.done
+        WRITER.put(Record(send=send, build=build, prepare=prepare, urgent=urgent, on_done=on_done, api_url=self._api_url))
 
     def _urgent_done(self) -> None:
         self._urgent.done()
@@ -300,7 +313,8 @@ class SessionMonitor:
         )
         if record.query is not None:
             self._unprinted.add(record)
-        self._put(send=send, build=record.build)  # one record: the event, then the artifact
+        # One record: the event, then the plan (as soon as the writer takes it), then the artifact.
+        self._put(send=send, build=record.build, prepare=record.print_plan if record.query is not None else None)
 
     def collected(self, fused: Sequence[FusedStep], *, engine_seconds: float, rows: int) -> None:
         """

@@ -13,6 +13,9 @@ Developer notes
   the order they were put (Prefect's own events worker sends them on). Result artifacts are written by :data:`CONCURRENCY` coroutines, so that
   many requests are in flight on the API at once; Prefect 3.9 has no bulk
   artifact endpoint. A session's summary artifact does not queue behind them.
+* A result's plan is printed as soon as the writer takes its record
+  (:attr:`Record.prepare`), not when its artifact's turn at the API comes, so
+  a session's end finds few plans left to print.
 * :meth:`MonitorWriter.drain` waits, bounded, until everything put is written;
   a session's end waits for its own records at most ~1 s
   (:data:`~prefect_cudf_polars.blocks.monitoring.monitor.END_WAIT_S`), and the
@@ -53,6 +56,10 @@ class Record:
         Emits an event (runs on the writer's thread).
     build : callable, optional
         Returns the ``prefect.client.schemas.actions.ArtifactCreate`` to write.
+    prepare : callable, optional
+        Runs on the writer's thread as soon as the record is taken, before the
+        artifact waits for the API (a result's plan is printed then, so its
+        query is let go long before a session's end).
     urgent : bool
         The artifact is written at once, not behind the result artifacts (a session's summary).
     on_done : callable, optional
@@ -61,18 +68,20 @@ class Record:
         The Prefect API to write the artifact to (``PREFECT_API_URL`` where the record was made).
     """
 
-    __slots__ = ("api_url", "build", "on_done", "send", "urgent")
+    __slots__ = ("api_url", "build", "on_done", "prepare", "send", "urgent")
 
     def __init__(
         self,
         *,
         send: Callable[[], None] | None = None,
         build: Callable[[], Any] | None = None,
+        prepare: Callable[[], None] | None = None,
         urgent: bool = False,
         on_done: Callable[[], None] | None = None,
         api_url: str | None = None,
     ) -> None:
         self.send, self.build, self.urgent, self.on_done = send, build, urgent, on_done
+        self.prepare = prepare
         self.api_url = api_url
 
 
@@ -231,6 +240,12 @@ class MonitorWriter:
                     record.send()
                 except Exception as exc:
                     logger.warning("Could not emit a cudf-polars event: %s", exc)
+            if record.prepare is not None:
+                try:
+                    record.prepare()
+                except Exception as exc:
+                    logger.warning("Could not prepare a cudf-polars artifact: %s", exc)
+                record.prepare = None
             if record.build is None:
                 self._finish(record)
             elif record.urgent:
