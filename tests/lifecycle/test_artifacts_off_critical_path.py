@@ -71,7 +71,7 @@ def test_every_gpu_task_run_of_a_wide_flow_gets_its_artifact(cpu_block, orders):
     ids = state.result()
     flow_run_id = state.state_details.flow_run_id
     found = wait_for_result_artifacts(flow_run_id, tasks)
-    runs = task_runs_of(flow_run_id, expect=tasks)
+    runs = task_runs_of(flow_run_id, expect=tasks, final=True)
     gpu_runs = {run.id: name for name, run in runs.items() if name.startswith("customer-")}
     assert len(gpu_runs) == tasks
     missing = sorted(name for run_id, name in gpu_runs.items() if run_id not in found)
@@ -107,7 +107,7 @@ def test_the_flow_run_ends_while_result_artifacts_are_still_being_written(cpu_bl
         state = run_wide_flow(cpu_block, orders, tasks)
         ended_while_held = not release.is_set() and bool(held)
         flow_run_id = state.state_details.flow_run_id
-        runs = task_runs_of(flow_run_id, expect=tasks)
+        runs = task_runs_of(flow_run_id, expect=tasks, final=True)
         logs = read_run_logs(flow_run_id, expect="session ended")
     finally:
         release.set()

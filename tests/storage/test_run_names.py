@@ -39,5 +39,5 @@ def test_read_and_sink_task_runs_read_well_in_the_ui(orders, tmp_path):
 
     state = pipeline(return_state=True)
     assert state.is_completed(), state
-    names = set(task_runs_of(state.state_details.flow_run_id, expect=4))
+    names = set(task_runs_of(state.state_details.flow_run_id, expect=4, final=True))
     assert {"read-parquet-orders", "sink-parquet-orders", "read-parquet-orders-again", "collect-orders-again"} <= names
