@@ -72,7 +72,9 @@ def cluster(tmp_path_factory):
             assert not any(ours.run(lease_holder.project_importable).values())
             yield SimpleNamespace(address=address, client=ours, log=folder / "scheduler.log")
     finally:
-        stop(procs)
+        # Workers first, while the scheduler still answers their graceful close; then it.
+        stop(procs[1:], timeout=10)
+        stop(procs[:1], timeout=10)
     assert wait_gone(child_pids() - before) == set(), "cluster processes left behind"
 
 
