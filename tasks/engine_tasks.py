@@ -81,8 +81,7 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: boo
         lf = as_query(query, task="execute")
         default = query.name if isinstance(query, GPUResult) else "query"
         run = session.defer if defer else session.execute
-        inputs = [query] if isinstance(query, GPUResult) else []
-        result = run(lf, name=name or default, lineage=lineage, inputs=inputs)
+        result = run(lf, name=name or default, lineage=lineage, inputs=claimable)
         return result
     finally:
         drop_claimed(claimable, held_by=result)
@@ -127,7 +126,7 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
         query = recompute_for_retry(query, session, fresh)
         claimable = unclaimed(gpu_results_in(query))
         lf = as_query(query, task="collect")
-        return session.collect(lf, inputs=[query] if isinstance(query, GPUResult) else [])
+        return session.collect(lf, inputs=claimable)
     finally:
         drop_claimed(claimable)
         drop_claimed(fresh, release_live=True)

@@ -58,7 +58,6 @@ class GPUCall:
         self.defer = defer
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
-        self.inputs: list[Any] = []
         self.claimable: list[Any] = []
         self.fresh: list[Any] = []
         self.result: Any = None
@@ -87,9 +86,9 @@ class GPUCall:
         call = cls(name, get_engine_session(), lineage, collect, defer)
         try:
             call.args, call.kwargs = recompute_for_retry((args, kwargs), call.session, call.fresh)
-            call.inputs = gpu_results_in((call.args, call.kwargs))
-            call.claimable = unclaimed(call.inputs)
-            for result in call.inputs:
+            inputs = gpu_results_in((call.args, call.kwargs))
+            call.claimable = unclaimed(inputs)
+            for result in inputs:
                 result.check_readable()
         except BaseException:
             call.finish()
