@@ -69,7 +69,7 @@ from prefect_cudf_polars.blocks.monitoring.monitor import END_WAIT_S, SessionMon
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.result import EndedSession, FusedStep, GPUResult, HeldPlan
 from prefect_cudf_polars.blocks.results.run_identity import RunIdentity, current_run
-from prefect_cudf_polars.blocks.session import exit_hook, lines, nesting
+from prefect_cudf_polars.blocks.session import exit_hook, lines, nesting, resource_tracker
 from prefect_cudf_polars.blocks.session.memory import MemoryTracker
 from prefect_cudf_polars.blocks.session.owner import OwnerThread
 from prefect_cudf_polars.blocks.session.registry import ResultRegistry
@@ -456,6 +456,9 @@ class EngineSession:
         finally:
             self._deactivate()
             exit_hook.closed(self, terminating=terminating)
+        if terminating and self.teardown == "complete":
+            # The process is ending: leave nothing of it in the flow run's process group.
+            resource_tracker.stop_after_termination()
         summary = self.summary()
         self._log.log(logging.INFO, *lines.end_line(summary))
         if still:
