@@ -87,13 +87,21 @@ def drop_frame_locals(exc: BaseException) -> None:
             traceback.clear_frames(e.__traceback__)
 
 
-def raise_engine_error(exc: BaseException) -> NoReturn:
+def raise_engine_error(exc: BaseException, *, note: str | None = None) -> NoReturn:
     """
     Raise what an engine call that failed with ``exc`` should raise.
 
     Clears the failed call's frame locals (:func:`drop_frame_locals`), then
     raises :func:`translate_engine_error`'s error: ``exc`` itself, a single
     error unwrapped from cudf-polars' group, or ours chained ``from exc``.
+
+    Parameters
+    ----------
+    exc : BaseException
+        What the engine call raised.
+    note : str, optional
+        Added to the raised error's notes (``BaseException.add_note``), for
+        example the deferred steps the call ran fused in.
 
     Raises
     ------
@@ -102,6 +110,8 @@ def raise_engine_error(exc: BaseException) -> NoReturn:
     """
     drop_frame_locals(exc)
     translated = translate_engine_error(exc)
+    if note:
+        translated.add_note(note)
     if translated is exc:
         raise exc
     if translated in set(iter_exceptions(exc)):

@@ -749,7 +749,7 @@ class EngineSession:
                 self._execute_on_owner, running, lf, claimed, on_late=late
             )
         except Exception as exc:
-            raise_engine_error(exc)
+            raise_engine_error(exc, note=fused_note(fused_steps(claimed)))
         return self._register(
             persisted,
             name=name,
@@ -988,7 +988,7 @@ class EngineSession:
         try:
             df, seconds = self.run(self._collect_on_owner, running, lf, claimed)
         except Exception as exc:
-            raise_engine_error(exc)
+            raise_engine_error(exc, note=fused_note(fused))
         self.monitor.collected(fused, engine_seconds=seconds, rows=df.height)
         return df
 
@@ -1093,6 +1093,18 @@ class EngineSession:
             f"EngineSession(id={self.id[:8]}, backend={self.backend}, {state}, "
             f"live_results={len(self._registry.live)})"
         )
+
+
+def fused_note(steps: Sequence[FusedStep]) -> str | None:
+    """The note a failed engine call's error gets when it ran deferred steps fused in (``None`` when none)."""
+    if not steps:
+        return None
+    named = ", ".join(f"{step.name!r} ({step.produced_by})" for step in steps)
+    return (
+        f"This engine call also ran {len(steps)} deferred step(s) fused in, upstream first: "
+        f"{named}. The error may come from any of them; run them without defer=True to "
+        "see which step fails."
+    )
 
 
 def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:

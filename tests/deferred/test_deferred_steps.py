@@ -209,6 +209,27 @@ def test_a_failed_reader_frees_what_the_deferred_step_held(orders):
     assert session.summary()["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
 
 
+def test_a_failed_fused_engine_call_names_the_deferred_steps_it_ran(orders):
+    wide = gpu_task(name="wide-orders", defer=True)(big_orders)
+
+    @gpu_task(name="failing-reader")
+    def failing_reader(r: GPUResult) -> pl.LazyFrame:
+        return r.lazy().with_columns(pl.col("id").cast(pl.UInt8, strict=True))
+
+    @flow(task_runner=runner())
+    def pipeline():
+        session = get_engine_session()
+        return failing_reader(wide(execute(pl.scan_parquet(orders), name="orders")), return_state=True), session
+
+    (state, _session), _ = run(pipeline)
+    assert state.is_failed(), state
+    with pytest.raises(pl.exceptions.InvalidOperationError, match="UInt8") as raised:
+        state.result()
+    notes = getattr(raised.value, "__notes__", [])
+    assert len(notes) == 1, notes
+    assert "1 deferred step(s) fused in" in notes[0] and "'wide-orders' (task run 'wide-orders'" in notes[0], notes
+
+
 def test_a_deferred_result_is_read_once(orders):
     later = gpu_task(name="later", defer=True)(big_orders)
     first = gpu_task(name="first-reader")(doubled)
