@@ -1,27 +1,30 @@
 """
-multiprocessing's resource tracker, stopped when a session is ended by SIGTERM.
+multiprocessing's resource tracker, stopped when SIGTERM has ended the process's last session.
 
 A backend that starts processes with multiprocessing's spawn method (distributed's
 ``LocalCUDACluster``, on ``dask``) starts multiprocessing's resource tracker: a child of
-the flow process, in the flow run's process group. Python 3.12 and 3.13 do not wait for it
+the flow process, in the flow run's process group. CPython 3.11 to 3.13 do not wait for it
 at exit: it ends just after the flow process, orphaned, and stays in the group as a zombie
 until the machine's PID 1 reaps it. A Prefect 3.9 process worker cancels a flow run with
-SIGTERM to that group and then checks every 3 s whether the group is gone, so the zombie
-can cost a cancelled run one more check before it is ``Cancelled``.
+SIGTERM to that group (the tracker ignores SIGTERM) and then checks every 3 s whether the
+group is gone, so the zombie can cost a cancelled run one more check before it is
+``Cancelled``. CPython 3.14 stops the tracker itself at exit (CPython issue 88887).
 
-Python 3.14 stops the tracker itself at exit (CPython issue 88887, pull 130429). A
-session ended by SIGTERM does the same once its engine has shut down
-(:func:`stop_after_termination`): it closes the tracker's pipe and waits, at most
-:data:`STOP_WAIT_S` seconds, for the tracker to end, so the flow process leaves nothing in
-its group. The process is ending then, so the tracker's cleanup (unlinking what is still
-registered with it) is what its exit would have done anyway. Nothing is done in a
-process that started no tracker.
+Prefect 3.9 ends a process that SIGTERM reached by signalling it again once the flow run is
+over, so no exit hook of the interpreter runs. The last session that SIGTERM ends, on an
+engine of its own, therefore stops the tracker itself once that engine has shut down
+(:func:`stop_tracker`): it closes the tracker's pipe and polls for the tracker's end, at
+most :data:`STOP_WAIT_S` seconds, so that nothing of the flow process is left in its group.
+The tracker then unlinks whatever is still registered with it (and warns about each), as it
+does when the flow process exits; a process that uses multiprocessing again starts a new
+tracker. Nothing is done in a process that started no tracker.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import os
+import time
 
 logger = logging.getLogger("prefect_cudf_polars.session")
 
@@ -29,48 +32,61 @@ logger = logging.getLogger("prefect_cudf_polars.session")
 STOP_WAIT_S = 2.0
 
 
-def stop_after_termination(timeout: float = STOP_WAIT_S) -> bool:
+def stop_tracker(timeout: float = STOP_WAIT_S) -> bool:
     """
-    Stop this process's multiprocessing resource tracker and wait for it, at most ``timeout`` seconds.
+    Close this process's resource tracker's pipe and reap the tracker, waiting at most ``timeout`` seconds.
 
-    For a process that is ending because of SIGTERM; never raises.
+    Never raises, never blocks longer than about ``timeout`` seconds.
 
     Parameters
     ----------
     timeout : float
         Seconds to wait for the tracker to end (it ends once every process
-        holding its pipe has exited).
+        holding its pipe has exited), polling every 20 ms.
 
     Returns
     -------
     bool
-        True when no tracker of this process is left (none was started, or it ended and was reaped).
+        True when no tracker started by this process is left running (none was
+        started, or it ended and was reaped); False when it could not be
+        stopped or was still running after ``timeout``.
     """
     from multiprocessing import resource_tracker
 
-    # CPython 3.12's ResourceTracker: ``_pid`` is set only in the process that started
-    # the tracker, and ``_stop()`` closes its pipe and reaps it, what CPython 3.14 does
-    # at exit (checked against CPython 3.12.1 and 3.12.3).
+    # CPython's ResourceTracker (checked against CPython 3.11.7, 3.12.1, 3.12.3 and
+    # 3.13.0): ``_lock`` guards ``_fd`` (the write end of the tracker's pipe) and
+    # ``_pid`` (the tracker's pid, in the process that started it). Closing the pipe
+    # ends the tracker once no other process holds it; CPython 3.14 does this at exit.
     tracker = getattr(resource_tracker, "_resource_tracker", None)
-    stop = getattr(tracker, "_stop", None)
-    if stop is None or getattr(tracker, "_pid", None) is None:
-        return True
-
-    def run() -> None:
-        try:
-            stop()
-        except Exception as exc:  # already reaped by someone else, or a reentrant call
-            logger.debug("multiprocessing's resource tracker did not stop cleanly: %s", exc)
-
-    thread = threading.Thread(target=run, name="cudf-polars-resource-tracker", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        logger.warning(
-            "multiprocessing's resource tracker had not ended %g s after this session's engine "
-            "shut down (a process started with multiprocessing still holds it); the process "
-            "exits without waiting for it.",
-            timeout,
-        )
+    lock = getattr(tracker, "_lock", None)
+    if tracker is None or lock is None:
         return False
-    return True
+    if not lock.acquire(timeout=timeout):
+        return False
+    try:
+        fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
+        if fd is None or pid is None:
+            return True
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        tracker._fd = None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not our child (a forked copy), or reaped already
+                tracker._pid = None
+                return True
+            if done:
+                tracker._pid = None
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+    except Exception as exc:  # never fail an exit
+        logger.debug("multiprocessing's resource tracker did not stop cleanly: %s", exc)
+        return False
+    finally:
+        lock.release()

@@ -456,9 +456,6 @@ class EngineSession:
         finally:
             self._deactivate()
             exit_hook.closed(self, terminating=terminating)
-        if terminating and self.teardown == "complete":
-            # The process is ending: leave nothing of it in the flow run's process group.
-            resource_tracker.stop_after_termination()
         summary = self.summary()
         self._log.log(logging.INFO, *lines.end_line(summary))
         if still:
@@ -469,6 +466,9 @@ class EngineSession:
         wait = max(END_WAIT_S - (time.monotonic() - started), 0.1)
         self.monitor.ended(summary, dashboard=self.description.get("dashboard"), wait=wait)
         self._forget(complete=self.teardown == "complete")
+        if terminating and self._host is None and self.teardown == "complete" and not exit_hook.open_sessions():
+            # The process is ending: leave nothing of it in the flow run's process group.
+            resource_tracker.stop_tracker()
         self.end_seconds = time.monotonic() - started
         return summary
 
@@ -749,7 +749,7 @@ class EngineSession:
                 self._execute_on_owner, running, lf, claimed, on_late=late
             )
         except Exception as exc:
-            raise_engine_error(exc, note=fused_note(fused_steps(claimed)))
+            raise_engine_error(exc, note=_fused_note(exc, fused_steps(claimed)))
         return self._register(
             persisted,
             name=name,
@@ -988,7 +988,7 @@ class EngineSession:
         try:
             df, seconds = self.run(self._collect_on_owner, running, lf, claimed)
         except Exception as exc:
-            raise_engine_error(exc, note=fused_note(fused))
+            raise_engine_error(exc, note=_fused_note(exc, fused))
         self.monitor.collected(fused, engine_seconds=seconds, rows=df.height)
         return df
 
@@ -1095,15 +1095,15 @@ class EngineSession:
         )
 
 
-def fused_note(steps: Sequence[FusedStep]) -> str | None:
-    """The note a failed engine call's error gets when it ran deferred steps fused in (``None`` when none)."""
-    if not steps:
+def _fused_note(exc: BaseException, steps: Sequence[FusedStep]) -> str | None:
+    """The note a failed engine call's error gets when it ran deferred steps fused in (``None`` when none, or for a session error)."""
+    if not steps or isinstance(exc, SessionError):
         return None
     named = ", ".join(f"{step.name!r} ({step.produced_by})" for step in steps)
     return (
-        f"This engine call also ran {len(steps)} deferred step(s) fused in, upstream first: "
-        f"{named}. The error may come from any of them; run them without defer=True to "
-        "see which step fails."
+        f"This engine call ran the query with {len(steps)} deferred step(s) fused in, upstream "
+        f"first: {named}. The error may come from the query or from any of those steps; run "
+        "them without defer=True to see which one fails."
     )
 
 

@@ -227,7 +227,7 @@ def test_a_failed_fused_engine_call_names_the_deferred_steps_it_ran(orders):
         state.result()
     notes = getattr(raised.value, "__notes__", [])
     assert len(notes) == 1, notes
-    assert "1 deferred step(s) fused in" in notes[0] and "'wide-orders' (task run 'wide-orders'" in notes[0], notes
+    assert "with 1 deferred step(s) fused in" in notes[0] and "'wide-orders' (task run 'wide-orders'" in notes[0], notes
 
 
 def test_a_deferred_result_is_read_once(orders):

@@ -1,27 +1,27 @@
 """
-Start a process with multiprocessing's spawn method, then end a session with SIGTERM (run as a file).
+Start a process with multiprocessing's spawn method, then SIGTERM a flow run on a session (run as a file).
 
 The spawned process starts multiprocessing's resource tracker, as distributed's
-``LocalCUDACluster`` does on ``dask``; the session then ends as a cancelled flow
-run's does (Prefect's ``TerminationSignal``), and the process exits with 143.
+``LocalCUDACluster`` does on ``dask``. The flow run then signals its own process with
+SIGTERM, as a Prefect worker cancelling it does: Prefect raises ``TerminationSignal``,
+the task runner's session ends as a cancelled flow run's does (its end line in the
+output), and Prefect 3.9 then ends the process with SIGTERM again.
 
-Writes the session's summary (JSON) to ``SUMMARY_FILE`` before it exits.
-
-Usage: ``python terminated_after_spawning.py PARQUET_PATH SUMMARY_FILE``
+Usage: ``python terminated_after_spawning.py PARQUET_PATH``
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
+import os
 import signal
 import sys
-from pathlib import Path
+import time
 
 import polars as pl
-from prefect.exceptions import TerminationSignal
+from prefect import flow
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.tasks import execute
 
 
@@ -29,14 +29,15 @@ def child() -> None:
     """A spawned process that does nothing."""
 
 
+@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+def signalled(path: str) -> None:
+    execute(pl.scan_parquet(path), name="left live")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)  # the signal ends the flow run first
+
+
 if __name__ == "__main__":
     spawned = multiprocessing.get_context("spawn").Process(target=child)
     spawned.start()
     spawned.join()
-    try:
-        with CudfPolarsEngine(backend="cpu").session() as session:
-            execute(pl.scan_parquet(sys.argv[1]), name="left live")
-            raise TerminationSignal(signal=signal.SIGTERM)
-    except TerminationSignal:
-        Path(sys.argv[2]).write_text(json.dumps(session.summary(), default=str))
-        sys.exit(143)
+    signalled(sys.argv[1])
