@@ -10,14 +10,16 @@ SIGTERM to that group (the tracker ignores SIGTERM) and then checks every 3 s wh
 group is gone, so the zombie can cost a cancelled run one more check before it is
 ``Cancelled``. CPython 3.14 stops the tracker itself at exit (CPython issue 88887).
 
-Prefect 3.9 ends a process that SIGTERM reached by signalling it again once the flow run is
-over, so no exit hook of the interpreter runs. The last session that SIGTERM ends, on an
-engine of its own, therefore stops the tracker itself once that engine has shut down
-(:func:`stop_tracker`): it closes the tracker's pipe and polls for the tracker's end, at
-most :data:`STOP_WAIT_S` seconds, so that nothing of the flow process is left in its group.
-The tracker then unlinks whatever is still registered with it (and warns about each), as it
-does when the flow process exits; a process that uses multiprocessing again starts a new
-tracker. Nothing is done in a process that started no tracker.
+Prefect 3.9 ends a flow process that SIGTERM reached with ``exit(0)`` when a worker's
+cancellation was acknowledged, and otherwise by signalling it again, when no exit hook of
+the interpreter runs. So the last session that SIGTERM ends, on an engine of its own, stops
+the tracker itself once that engine has shut down (:func:`stop_tracker`): after one
+``gc.collect()`` (so semaphores nothing holds unregister first), it closes the tracker's pipe
+and polls for the tracker's end, at most :data:`STOP_WAIT_S` seconds in all, so that nothing
+of the flow process is left in its group. The tracker then unlinks whatever is still
+registered with it (and warns about each), as it does when the flow process exits; a process
+that uses multiprocessing after that starts a new tracker, which is left as before. Nothing is
+done in a process that started no tracker.
 """
 
 from __future__ import annotations
@@ -34,58 +36,61 @@ STOP_WAIT_S = 2.0
 
 def stop_tracker(timeout: float = STOP_WAIT_S) -> bool:
     """
-    Close this process's resource tracker's pipe and reap the tracker, waiting at most ``timeout`` seconds.
+    Close this process's resource tracker's pipe and reap the tracker, within about ``timeout`` seconds.
 
-    Never raises, never blocks longer than about ``timeout`` seconds.
+    Never raises. One deadline bounds both the wait for the tracker's lock and
+    the polling for its end (every 20 ms).
 
     Parameters
     ----------
     timeout : float
-        Seconds to wait for the tracker to end (it ends once every process
-        holding its pipe has exited), polling every 20 ms.
+        Seconds to wait in all (the tracker ends once every process holding
+        its pipe has exited).
 
     Returns
     -------
     bool
         True when no tracker started by this process is left running (none was
-        started, or it ended and was reaped); False when it could not be
-        stopped or was still running after ``timeout``.
+        started, or it ended and was reaped); False when the lock was busy or
+        the tracker was still running at the deadline (a later call polls again).
     """
     from multiprocessing import resource_tracker
 
     # CPython's ResourceTracker (checked against CPython 3.11.7, 3.12.1, 3.12.3 and
-    # 3.13.0): ``_lock`` guards ``_fd`` (the write end of the tracker's pipe) and
-    # ``_pid`` (the tracker's pid, in the process that started it). Closing the pipe
+    # 3.13.0): ``_lock`` (an RLock) guards ``_fd`` (the write end of the tracker's pipe)
+    # and ``_pid`` (the tracker's pid, in the process that started it). Closing the pipe
     # ends the tracker once no other process holds it; CPython 3.14 does this at exit.
     tracker = getattr(resource_tracker, "_resource_tracker", None)
     lock = getattr(tracker, "_lock", None)
     if tracker is None or lock is None:
-        return False
+        return True
+    deadline = time.monotonic() + timeout
     if not lock.acquire(timeout=timeout):
         return False
     try:
-        fd, pid = getattr(tracker, "_fd", None), getattr(tracker, "_pid", None)
-        if fd is None or pid is None:
+        if getattr(lock, "_recursion_count", lambda: 1)() > 1:
+            return False  # called from inside the tracker (a finalizer): leave it alone
+        pid = getattr(tracker, "_pid", None)
+        if pid is None:
             return True
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-        tracker._fd = None
-        deadline = time.monotonic() + timeout
+        fd, tracker._fd = getattr(tracker, "_fd", None), None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         while True:
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:  # not our child (a forked copy), or reaped already
-                tracker._pid = None
-                return True
+                done = pid
             if done:
                 tracker._pid = None
                 return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
-    except Exception as exc:  # never fail an exit
+    except Exception as exc:  # never fail a session's end
         logger.debug("multiprocessing's resource tracker did not stop cleanly: %s", exc)
         return False
     finally:

@@ -465,10 +465,18 @@ class EngineSession:
         # The whole end waits at most END_WAIT_S for the monitor (teardown included).
         wait = max(END_WAIT_S - (time.monotonic() - started), 0.1)
         self.monitor.ended(summary, dashboard=self.description.get("dashboard"), wait=wait)
+        owns_engine = self._host is None
         self._forget(complete=self.teardown == "complete")
-        if terminating and self._host is None and self.teardown == "complete" and not exit_hook.open_sessions():
+        if terminating and owns_engine and self.teardown == "complete" and not exit_hook.open_sessions():
             # The process is ending: leave nothing of it in the flow run's process group.
-            resource_tracker.stop_tracker()
+            gc.collect()
+            if not resource_tracker.stop_tracker():
+                logger.warning(
+                    "multiprocessing's resource tracker was still running %g s after engine "
+                    "session %s ended (a process started with multiprocessing still holds it); "
+                    "the flow process's group ends only once it does.",
+                    resource_tracker.STOP_WAIT_S, self.id,
+                )
         self.end_seconds = time.monotonic() - started
         return summary
 

@@ -5,8 +5,8 @@ This process first becomes a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAP
 process the command leaves orphaned becomes this process's child, and once it ends it stays
 in the command's group as a zombie until this process reaps it, whatever the machine's PID 1
 does. Prints one JSON line last: the command's exit status and the seconds from its exit until
-no process of its group was left (``null`` when some still were after ``WAIT_S``; they are
-then reaped).
+no process of its group was left (``null`` when some still were after ``WAIT_S``; those are
+then killed with SIGKILL and reaped, at most ``REAP_S`` seconds).
 
 Usage: ``python in_own_group.py COMMAND [ARG ...]``
 """
@@ -16,12 +16,14 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
 WAIT_S = 5.0
+REAP_S = 10.0
 
 
 def group_alive(pgid: int) -> bool:
@@ -46,13 +48,19 @@ if __name__ == "__main__":
             gone = time.monotonic() - exited
             break
         time.sleep(0.01)
-    while True:  # reap what the command left
+    if gone is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + REAP_S
+    while time.monotonic() < deadline:  # reap what the command left
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             break
         if pid == 0:
-            time.sleep(0.05)
             if not group_alive(proc.pid):
                 break
+            time.sleep(0.05)
     print(json.dumps({"returncode": status, "group_gone_after_s": gone}), flush=True)
