@@ -421,8 +421,10 @@ class EngineSession:
         was doing, a warning is logged, and the teardown stays queued on the
         owner thread in case the engine answers later. A session that shares
         an enclosing session's engine releases only its own results and leaves
-        the engine running. Idempotent: later calls return the summary and do
-        nothing else.
+        the engine running. The process's last session, when ``terminating``
+        and on an engine of its own, then stops multiprocessing's resource
+        tracker, at most 2 s (:mod:`~prefect_cudf_polars.blocks.session.resource_tracker`).
+        Idempotent: later calls return the summary and do nothing else.
 
         Parameters
         ----------
