@@ -33,6 +33,11 @@ def doubled(r: GPUResult) -> pl.LazyFrame:
     return r.lazy().with_columns((pl.col("amount") * 2).alias("double"))
 
 
+def narrowed_ids(r: GPUResult) -> pl.LazyFrame:
+    """The schema resolves; the engine call fails: ids up to 999 do not fit in UInt8."""
+    return r.lazy().with_columns(pl.col("id").cast(pl.UInt8, strict=True))
+
+
 def totals(r: GPUResult) -> pl.LazyFrame:
     return r.lazy().group_by("customer").agg(pl.col("double").sum(), pl.len().alias("n")).sort("customer")
 
@@ -187,11 +192,7 @@ def test_a_deferred_result_left_unread_is_released_unconsumed_at_session_end(ord
 
 def test_a_failed_reader_frees_what_the_deferred_step_held(orders):
     later = gpu_task(name="later", defer=True)(big_orders)
-
-    @gpu_task(name="narrowing-reader")
-    def narrowing_reader(r: GPUResult) -> pl.LazyFrame:
-        # The schema resolves; the engine call fails: ids up to 999 do not fit in UInt8.
-        return r.lazy().with_columns(pl.col("id").cast(pl.UInt8, strict=True))
+    narrowing_reader = gpu_task(name="narrowing-reader")(narrowed_ids)
 
     @flow(task_runner=runner())
     def pipeline():
@@ -211,10 +212,7 @@ def test_a_failed_reader_frees_what_the_deferred_step_held(orders):
 
 def test_a_failed_fused_engine_call_names_the_deferred_steps_it_ran(orders):
     wide = gpu_task(name="wide-orders", defer=True)(big_orders)
-
-    @gpu_task(name="failing-reader")
-    def failing_reader(r: GPUResult) -> pl.LazyFrame:
-        return r.lazy().with_columns(pl.col("id").cast(pl.UInt8, strict=True))
+    failing_reader = gpu_task(name="failing-reader")(narrowed_ids)
 
     @flow(task_runner=runner())
     def pipeline():
