@@ -23,6 +23,7 @@
 #   RAPIDS_ENV   shell script sourced first to put that Python on PATH (optional)
 #   DATA_DIR     TPC-H parquet; a scale factor already there is reused (default ./.data-cache/tpch)
 #   RUNS         timed interleaved rounds per pipeline (default 10); START_RUNS session starts (5)
+#   WARMUPS      untimed warm-up rounds before them (default 1)
 #   PIPELINES    comma-separated subset (default all three); BACKEND (default spmd)
 #   STEP_TIMEOUT seconds per step (default 570); each step's --budget-s is 60 s less
 set -uo pipefail
@@ -41,6 +42,7 @@ if [ -n "${RAPIDS_ENV:-}" ]; then . "$RAPIDS_ENV"; fi
 PY=${PYTHON:-python3}
 DATA_DIR=${DATA_DIR:-$PWD/.data-cache/tpch}
 RUNS=${RUNS:-10}
+WARMUPS=${WARMUPS:-1}
 START_RUNS=${START_RUNS:-5}
 BACKEND=${BACKEND:-spmd}
 STEP_TIMEOUT=${STEP_TIMEOUT:-570}
@@ -78,7 +80,7 @@ bench() {  # bench STEP ARGS...: one bounded command, its log and exit status un
   return 0
 }
 
-VARIANT_ARGS=(--scale-factors "$SF" --runs "$RUNS" --data-dir "$DATA_DIR" "${PIPELINE_ARGS[@]}")
+VARIANT_ARGS=(--scale-factors "$SF" --runs "$RUNS" --warmups "$WARMUPS" --data-dir "$DATA_DIR" "${PIPELINE_ARGS[@]}")
 for step in "${STEPS[@]}"; do
   case $step in
     core) bench core "${VARIANT_ARGS[@]}" --variants a,a-deferred,h,b,c,f ;;

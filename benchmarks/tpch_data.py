@@ -149,6 +149,7 @@ def ensure_tpch(
         source = pl.scan_parquet(raw / f"{table}.parquet")
         source.with_columns(cs.decimal().cast(pl.Float64)).sink_parquet(folder / f"{table}.parquet")
         rows[table] = pl.scan_parquet(folder / f"{table}.parquet").select(pl.len()).collect().item()
+        (raw / f"{table}.parquet").unlink()  # the raw copy goes before the next table is converted
     convert_s = time.perf_counter() - started
     shutil.rmtree(raw)
     info = {

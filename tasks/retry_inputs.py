@@ -74,7 +74,7 @@ def recompute_for_retry(
                 consumer=result.consumed_by,
                 reason=reason,
             )
-        new = result.lineage.replay(session, name=result.name)  # type: ignore[union-attr]
+        new = result.lineage.replay(session, name=result.name, step=result.deferred_step)  # type: ignore[union-attr]
         fresh.append(new)
         return new
 

@@ -24,7 +24,7 @@ Prefect's own context lookup cannot be relied on.
 from __future__ import annotations
 
 import contextvars
-
+import datetime
 import logging
 from typing import Any
 
@@ -80,6 +80,7 @@ def emit(
     related: list[dict[str, str]],
     payload: dict[str, Any],
     detached: bool = False,
+    occurred: datetime.datetime | None = None,
 ) -> None:
     """
     Send one event with :func:`prefect.events.emit_event`; never raises.
@@ -94,6 +95,9 @@ def emit(
         runs. For events sent after the flow run's context is gone (a task
         runner's session end): Prefect's events worker otherwise attaches
         whatever run context its own thread last saw.
+    occurred : datetime.datetime, optional
+        When it happened (timezone-aware); default: now. The monitor's writer
+        sends events after the fact, so it passes the time its hook ran.
     """
     from prefect.context import FlowRunContext, TaskRunContext
     from prefect.events import emit_event
@@ -102,7 +106,7 @@ def emit(
         if detached:
             FlowRunContext.__var__.set(None)
             TaskRunContext.__var__.set(None)
-        emit_event(event=event, resource=resource, related=related, payload=payload)
+        emit_event(event=event, resource=resource, occurred=occurred, related=related, payload=payload)
 
     try:
         contextvars.copy_context().run(send)

@@ -37,6 +37,7 @@ printing. The writer turns the records into the events of
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import threading
 import uuid
@@ -216,8 +217,12 @@ class SessionMonitor:
         if not self.options.events:
             return None
         # Detached: Prefect's events worker would otherwise add the run context its
-        # own thread saw last; every record names its runs explicitly.
-        return lambda: events.emit(name, resource, related=related, payload=payload, detached=True)
+        # own thread saw last; every record names its runs explicitly. Sent later by
+        # the writer, the event keeps the time of the hook.
+        occurred = datetime.datetime.now(datetime.timezone.utc)
+        return lambda: events.emit(
+            name, resource, related=related, payload=payload, detached=True, occurred=occurred
+        )
 
     def _event(self, name: str, resource: dict[str, str], related: list[dict[str, str]], payload: dict[str, Any]) -> None:
         self._put(send=self._sender(name, resource, related, payload))

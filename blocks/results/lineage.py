@@ -43,7 +43,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks.backends.result_scans import reads_in_process_source
 from prefect_cudf_polars.blocks.errors import CannotRecomputeError
-from prefect_cudf_polars.blocks.results.result import GPUResult
+from prefect_cudf_polars.blocks.results.result import FusedStep, GPUResult
 from prefect_cudf_polars.blocks.results.walker import gpu_results_in, instances_in, replace_gpu_results
 
 if TYPE_CHECKING:
@@ -132,7 +132,9 @@ class Lineage:
                 )
         return None
 
-    def replay(self, session: EngineSession, *, name: str) -> GPUResult:
+    def replay(
+        self, session: EngineSession, *, name: str, step: FusedStep | None = None
+    ) -> GPUResult:
         """
         Run the plan again on ``session`` and return a fresh, live result.
 
@@ -147,6 +149,11 @@ class Lineage:
             The open engine session (the one that produced the original result).
         name
             Name of the fresh result.
+        step : FusedStep, optional
+            For a deferred lineage, the original result's own step
+            (:attr:`GPUResult.deferred_step`): the fresh result's step keeps
+            naming the task run that deferred it. Ignored for a lineage that
+            is not deferred.
 
         Returns
         -------
@@ -173,7 +180,7 @@ class Lineage:
 
         def replay_input(result: GPUResult) -> GPUResult:
             assert result.lineage is not None  # checked by unreplayable_reason
-            new = result.lineage.replay(session, name=result.name)
+            new = result.lineage.replay(session, name=result.name, step=result.deferred_step)
             fresh.append(new)
             return new
 
@@ -186,8 +193,10 @@ class Lineage:
                     f"Replaying {self.label} for {name!r}: the step returned "
                     f"{type(lf).__name__}, not a polars LazyFrame."
                 )
-            run = session.defer if self.deferred else session.execute
-            new = run(lf, name=name, lineage=self, inputs=fresh)
+            if self.deferred:
+                new = session.defer(lf, name=name, lineage=self, inputs=fresh, step=step)
+            else:
+                new = session.execute(lf, name=name, lineage=self, inputs=fresh)
             return new
         finally:
             # A live one was left unread; a consumed one may hold leftovers, unless the

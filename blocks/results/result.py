@@ -224,7 +224,8 @@ class GPUResult:
     engine_seconds : float
         Seconds the engine call that produced it took (wall clock); 0 for a deferred result.
     produced_by : str
-        The task run or flow run that produced it.
+        The task run or flow run that produced it (for a handle made by a replay
+        or by ``tee``, the run that made that handle).
     produced_by_task_run_id : str or None
         That task run's id (``None`` outside a task run).
     consumed_by : str or None
@@ -311,6 +312,11 @@ class GPUResult:
     def state(self) -> State:
         """``"live"``, ``"consumed"`` or ``"released"``."""
         return self._state
+
+    @property
+    def deferred_step(self) -> FusedStep | None:
+        """For a deferred result, its own step (name and the task run that deferred it); ``None`` otherwise."""
+        return self.fused[-1] if self.deferred and self.fused else None
 
     @property
     def replay_problem(self) -> str | None:

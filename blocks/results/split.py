@@ -77,7 +77,7 @@ def split_result(session: EngineSession, result: GPUResult, n: int) -> list[GPUR
     extra: list[GPUResult] = []
     try:
         for _ in range(n - 1):
-            extra.append(lineage.replay(session, name=result.name))  # type: ignore[union-attr]
+            extra.append(lineage.replay(session, name=result.name, step=result.deferred_step))  # type: ignore[union-attr]
         handed = result.hand_over()
     except BaseException:
         for copy in extra:

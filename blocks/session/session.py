@@ -62,7 +62,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks.active import enter_provider, innermost_provider, leave_provider
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend, start_backend
-from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
+from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions, raise_engine_error
 from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.monitoring.monitor import END_WAIT_S, SessionMonitor
@@ -801,6 +801,7 @@ class EngineSession:
         name: str | None = None,
         lineage: Lineage | None = None,
         inputs: Sequence[GPUResult] = (),
+        step: FusedStep | None = None,
     ) -> GPUResult:
         """
         Check ``lf`` and keep it as a deferred result, to run fused into its reader's engine call.
@@ -826,6 +827,11 @@ class EngineSession:
             The results ``lf`` was built from that this call may claim (as for
             :meth:`execute`); the claimed ones are held by the deferred result
             until its reader's engine call.
+        step : FusedStep, optional
+            The step's own record (default: ``name`` and the current task run). A
+            replay passes the original's (:attr:`GPUResult.deferred_step`, a result
+            of the same name), so the step still names the task run that deferred
+            it, not the reader that replays it.
 
         Returns
         -------
@@ -858,7 +864,7 @@ class EngineSession:
             raise
         run = current_run()
         held = [r for r in inputs if r.state == "consumed"]
-        own = FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
+        own = step if step is not None else FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
         return self._register(
             None,
             name=name,
@@ -1106,8 +1112,13 @@ class EngineSession:
 
 
 def _fused_note(exc: BaseException, steps: Sequence[FusedStep]) -> str | None:
-    """The note a failed engine call's error gets when it ran deferred steps fused in (``None`` when none, or for a session error)."""
-    if not steps or isinstance(exc, SessionError):
+    """
+    The note a failed engine call's error gets when it ran deferred steps fused in.
+
+    ``None`` when it ran none, or when the error is or holds a :class:`SessionError`
+    (a group member, its cause or its context): the session ended, no step failed.
+    """
+    if not steps or any(isinstance(e, SessionError) for e in iter_exceptions(exc)):
         return None
     named = ", ".join(f"{step.name!r} ({step.produced_by})" for step in steps)
     return (

@@ -91,6 +91,8 @@ def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
         assert event.resource.id.startswith("prefect-cudf-polars.result.")
         assert event.payload["backend"] == "cpu" and event.payload["partitions"] == 1
         assert event.payload["memory_in_use_bytes"] > 0
+        # Sent later by the monitor's writer, the event keeps the time it happened: inside its task run.
+        assert runs[name].start_time <= event.occurred <= runs[name].end_time, (name, event.occurred)
     consumed = {e.payload["name"]: e for e in by_name[ev.RESULT_CONSUMED]}
     assert related_ids(consumed["orders"], "task-run") == task_ref("customer-totals")
     assert related_ids(consumed["orders"], "producer") == task_ref("orders")

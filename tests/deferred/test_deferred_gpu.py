@@ -85,3 +85,43 @@ def test_a_deferred_result_released_unread_frees_its_inputs_device_memory(spmd, 
     summary = session.summary()
     assert summary["counts"] == {"produced": 2, "consumed": 1, "released_unconsumed": 1}
     assert summary["engine_calls"] == 1
+
+
+@gpu_task(name="doubled-by-python", defer=True)
+def doubled_by_python(r: GPUResult) -> pl.LazyFrame:
+    """A plan cudf-polars 26.10 refuses (a Python UDF); its schema resolves."""
+    return r.lazy().select(pl.col("x").map_elements(lambda v: v * 2, return_dtype=pl.Float64))
+
+
+@gpu_task(name="x-total")
+def x_total(r: GPUResult) -> pl.LazyFrame:
+    return r.lazy().select(pl.col("x").sum())
+
+
+@pytest.mark.filterwarnings("ignore::polars.exceptions.PolarsInefficientMapWarning")
+def test_a_deferred_step_the_gpu_refuses_fails_in_its_reader_naming_the_step(spmd, rows):
+    """On spmd the GPU-support check does not run ahead: the reader's engine call is refused, nothing leaks."""
+
+    @flow(task_runner=CudfPolarsTaskRunner(spmd))
+    def pipeline():
+        session = get_engine_session()
+        start = session.memory_in_use()
+        deferred = doubled_by_python(execute(pl.scan_parquet(rows), name="rows"))
+        accepted = deferred.deferred and deferred.state == "live"
+        state = x_total(deferred, return_state=True)
+        after = session.memory_in_use()
+        # The session stays usable.
+        again = collect(key_sums(execute(pl.scan_parquet(rows), name="rows-again")))
+        return accepted, state, start, after, again.height, session
+
+    accepted, state, start, after, groups, session = pipeline()
+    assert accepted  # the deferred step's own task run completed
+    assert state.is_failed(), state
+    with pytest.raises(NotImplementedError, match="Query execution with GPU not possible") as raised:
+        state.result()
+    notes = getattr(raised.value, "__notes__", [])
+    assert any("'doubled-by-python' (task run 'doubled-by-python'" in note for note in notes), notes
+    assert after == start  # the refused call's claimed inputs were freed
+    assert groups == 1000
+    summary = session.summary()
+    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]

@@ -18,7 +18,15 @@ from prefect import flow
 from api_reads import artifacts_of, events_of, task_runs_of
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.blocks.monitoring import events as ev
-from prefect_cudf_polars.tasks import GPUResult, ResultConsumedError, collect, execute, gpu_task, tee
+from prefect_cudf_polars.tasks import (
+    GPUResult,
+    ResultConsumedError,
+    WrongEngineError,
+    collect,
+    execute,
+    gpu_task,
+    tee,
+)
 
 
 def runner(**fields) -> CudfPolarsTaskRunner:
@@ -228,6 +236,32 @@ def test_a_failed_fused_engine_call_names_the_deferred_steps_it_ran(orders):
     assert "with 1 deferred step(s) fused in" in notes[0] and "'wide-orders' (task run 'wide-orders'" in notes[0], notes
 
 
+def test_a_deferred_result_read_by_another_session_is_refused_and_stays_live(orders):
+    """A subflow with its own runner has its own session: the parent's deferred step is not run there."""
+    wide = gpu_task(name="wide-orders", defer=True)(big_orders)
+    read_it = gpu_task(name="read-it")(doubled)
+
+    @flow(task_runner=runner())
+    def child(r: GPUResult) -> int:
+        return collect(read_it(r)).height
+
+    @flow(task_runner=runner())
+    def parent():
+        session = get_engine_session()
+        d = wide(execute(pl.scan_parquet(orders), name="orders"))
+        with pytest.raises(WrongEngineError, match=r"'wide-orders'.*subflow run '.*' has its own engine session"):
+            child(d)
+        still = (d.state, d.deferred)
+        return still, collect(d).height, session
+
+    (still, rows, session), _ = run(parent)
+    assert still == ("live", True)  # nothing claimed, nothing run: the parent reads it after
+    assert rows == pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect().height
+    summary = session.summary()
+    assert summary["counts"]["released_unconsumed"] == 0
+    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+
+
 def test_a_deferred_result_is_read_once(orders):
     later = gpu_task(name="later", defer=True)(big_orders)
     first = gpu_task(name="first-reader")(doubled)
@@ -273,6 +307,63 @@ def test_a_retried_reader_replays_the_deferred_steps(orders):
     summary = session.summary()
     assert summary["counts"]["released_unconsumed"] == 0
     assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+
+
+def test_a_replayed_deferred_step_still_names_the_task_run_that_deferred_it(orders):
+    """A retry (in the reader's task run) and a tee copy (in the flow run) replay the steps; they stay their producers'."""
+    attempts = []
+    big = gpu_task(name="big-orders", defer=True)(big_orders)
+    double = gpu_task(name="doubled", defer=True)(doubled)
+    big_for_tee = gpu_task(name="big-orders-tee", defer=True)(big_orders)
+
+    @gpu_task(name="flaky-reader", retries=1, retry_delay_seconds=0)
+    def flaky_reader(r: GPUResult) -> pl.LazyFrame:
+        attempts.append(1)
+        lf = r.lazy().filter(pl.col("double") > 0)  # claims r: the retry must replay both steps
+        if len(attempts) == 1:
+            raise OSError("transient failure after the claim")
+        return lf
+
+    @flow(task_runner=runner())
+    def pipeline():
+        doubled_orders = double(big(execute(pl.scan_parquet(orders), name="orders")))
+        original = doubled_orders.fused  # big-orders' step, then doubled's own
+        read = flaky_reader(doubled_orders)
+        first, second = tee(big_for_tee(execute(pl.scan_parquet(orders), name="orders-tee")), 2)
+        copies = (first.deferred_step, second.deferred_step)
+        collect(first), collect(second)
+        return original, read.fused, copies, collect(read)
+
+    (original, fused, (first, second), got), flow_run_id = run(pipeline)
+    runs = runs_of(flow_run_id, "big-orders", "doubled", "big-orders-tee")
+    assert len(attempts) == 2
+    assert [(step.name, step.task_run_id) for step in original] == [
+        ("big-orders", str(runs["big-orders"].id)),
+        ("doubled", str(runs["doubled"].id)),
+    ]
+    # Replayed in flaky-reader's retry (doubled's lineage replaying big-orders' first): still theirs.
+    assert fused == original
+    assert first.task_run_id == str(runs["big-orders-tee"].id)
+    assert second == first  # the copy replayed in the flow run names the same task run
+    assert got.height == pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect().height
+
+
+def test_a_failed_engine_call_holding_a_session_error_gets_no_fused_step_note():
+    """The session ended: the note would blame steps that did not fail, so none is added."""
+    from prefect_cudf_polars.blocks.errors import SessionError
+    from prefect_cudf_polars.blocks.results.result import FusedStep
+    from prefect_cudf_polars.blocks.session.session import _fused_note
+
+    steps = (FusedStep("wide-orders", "task run 'wide-orders'", None),)
+    ended = SessionError("the engine session has ended")
+    caused = RuntimeError("engine call failed")
+    caused.__cause__ = ended
+    assert _fused_note(ended, steps) is None
+    assert _fused_note(ExceptionGroup("engine", [ended]), steps) is None
+    assert _fused_note(caused, steps) is None
+    assert _fused_note(ValueError("bad cast"), ()) is None
+    note = _fused_note(ValueError("bad cast"), steps)
+    assert note is not None and "1 deferred step(s) fused in" in note and "'wide-orders'" in note
 
 
 def test_tee_of_a_deferred_result_gives_deferred_copies_that_each_run_the_plan(orders):
