@@ -25,6 +25,7 @@ from typing import Any
 
 from prefect_cudf_polars.blocks import EngineSession, GPUResult
 from prefect_cudf_polars.blocks.errors import CannotRecomputeError
+from prefect_cudf_polars.blocks.results.lineage import replay_result
 from prefect_cudf_polars.blocks.results.run_identity import current_run_id
 from prefect_cudf_polars.blocks.results.walker import replace_gpu_results
 
@@ -74,7 +75,7 @@ def recompute_for_retry(
                 consumer=result.consumed_by,
                 reason=reason,
             )
-        new = result.lineage.replay(session, name=result.name, step=result.deferred_step)  # type: ignore[union-attr]
+        new = replay_result(session, result)
         fresh.append(new)
         return new
 

@@ -179,8 +179,7 @@ class Lineage:
         fresh: list[GPUResult] = []
 
         def replay_input(result: GPUResult) -> GPUResult:
-            assert result.lineage is not None  # checked by unreplayable_reason
-            new = result.lineage.replay(session, name=result.name, step=result.deferred_step)
+            new = replay_result(session, result)
             fresh.append(new)
             return new
 
@@ -207,3 +206,20 @@ class Lineage:
 
     def __repr__(self) -> str:
         return f"Lineage({self.label})"
+
+
+def replay_result(session: EngineSession, result: GPUResult) -> GPUResult:
+    """
+    A fresh, live result produced again from ``result``'s lineage on ``session``.
+
+    The fresh result has ``result``'s name and, when deferred, its own step
+    (:attr:`GPUResult.deferred_step`); see :meth:`Lineage.replay`. The caller
+    has checked :attr:`GPUResult.replay_problem` (a result with no lineage has one).
+
+    Raises
+    ------
+    CannotRecomputeError, TypeError, Exception
+        As :meth:`Lineage.replay`.
+    """
+    assert result.lineage is not None  # callers check replay_problem first
+    return result.lineage.replay(session, name=result.name, step=result.deferred_step)

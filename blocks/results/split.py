@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.errors import CannotRecomputeError
+from prefect_cudf_polars.blocks.results.lineage import replay_result
 from prefect_cudf_polars.blocks.results.result import GPUResult
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def split_result(session: EngineSession, result: GPUResult, n: int) -> list[GPUR
     extra: list[GPUResult] = []
     try:
         for _ in range(n - 1):
-            extra.append(lineage.replay(session, name=result.name, step=result.deferred_step))  # type: ignore[union-attr]
+            extra.append(replay_result(session, result))
         handed = result.hand_over()
     except BaseException:
         for copy in extra:
