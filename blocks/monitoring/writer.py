@@ -9,13 +9,18 @@ Developer notes
 ---------------
 * One daemon thread runs an asyncio loop with one Prefect client per API URL,
   reused for the life of the process (not a client per artifact). A record
-  joins a buffer, and the loop is woken once per burst. Events are emitted in
-  the order they were put (Prefect's own events worker sends them on). Result artifacts are written by :data:`CONCURRENCY` coroutines, so that
-  many requests are in flight on the API at once; Prefect 3.9 has no bulk
-  artifact endpoint. A session's summary artifact does not queue behind them.
+  joins a buffer, and the loop is woken once per burst.
 * A result's plan is printed as soon as the writer takes its record
-  (:attr:`Record.prepare`), not when its artifact's turn at the API comes, so
-  a session's end finds few plans left to print.
+  (:attr:`Record.prepare`), not when its turn at the API comes, so a
+  session's end finds few plans left to print.
+* One dispatcher then sends the records in the order they were put: the
+  event (Prefect's own events worker sends it on), then the artifact, up to
+  :data:`CONCURRENCY` artifact writes in flight; Prefect 3.9 has no bulk
+  artifact endpoint. Each is one request and no event of Prefect's
+  (:func:`write_result_artifact`). While the API answers slowly the
+  dispatcher slows down (:class:`Pacer`), so that a flow run with many
+  results does not queue its own final state behind our writes. A session's
+  summary artifact and ``engine.stopped`` (urgent records) skip the queue.
 * :meth:`MonitorWriter.drain` waits, bounded, until everything put is written;
   a session's end waits for its own records at most ~1 s
   (:data:`~prefect_cudf_polars.blocks.monitoring.monitor.END_WAIT_S`), and the
@@ -24,6 +29,11 @@ Developer notes
   :mod:`~prefect_cudf_polars.blocks.session.exit_hook`); for that,
   :func:`ensure_events_worker` starts Prefect's events worker before that
   hook is registered.
+* At interpreter exit, what the bounded drain did not send is dropped
+  (:meth:`MonitorWriter.abandon`, with one warning giving the count), and the
+  writes under way are cancelled, before Prefect's own events worker stops: a
+  write finishing later would ask Prefect for an events worker after its
+  shutdown (``can't register atexit after shutdown``).
 * The thread starts with an empty context, so nothing it sends carries (or
   keeps alive) a flow run's context: every record names its runs by id.
 * Nothing here raises into a session: failures are logged at WARNING.
@@ -42,8 +52,17 @@ from typing import Any
 
 logger = logging.getLogger("prefect_cudf_polars.monitoring")
 
-#: Artifact writes in flight at once.
+#: Artifact writes in flight at once (while the API keeps up; see :class:`Pacer`).
 CONCURRENCY = 4
+#: Seconds an artifact write may take before the writer counts the API as busy: an
+#: idle API answers in tens of milliseconds (Prefect Cloud in about 0.1 s), a local API
+#: on a 2-core machine that is ingesting a flow run's events in about 0.3 s.
+BUSY_S = 0.5
+#: While the API is busy, the writer waits this many times the last write's time
+#: before the next record: its writes then take a fifth of one connection at most.
+BUSY_WAIT_FACTOR = 4.0
+#: Most seconds the writer waits between two records while the API is busy.
+MAX_WAIT_S = 5.0
 
 
 class Record:
@@ -123,28 +142,80 @@ class Pending:
         return True
 
 
+class Pacer:
+    """
+    How fast the writer sends: as fast as the Prefect API answers its artifact writes.
+
+    Two writes in a row that the API answers in more than :data:`BUSY_S`
+    seconds each mean the API is busy, most often with the flow runs' own
+    events and states (a local API on the flow's own cores, SQLite, many
+    short task runs). Then the writer keeps one write in flight and waits
+    :data:`BUSY_WAIT_FACTOR` times as long as the last one took before it
+    sends the next record (events included), so that Prefect's own events
+    and the flow run's final state are not queued behind ours; it sends at
+    full speed again once a write is answered within :data:`BUSY_S`. What
+    waits is sent later: the session's summary and ``engine.stopped`` never
+    wait, and at interpreter exit the drain is bounded.
+
+    Attributes
+    ----------
+    busy : bool
+        The last two writes each took more than :data:`BUSY_S` seconds.
+    """
+
+    def __init__(self) -> None:
+        self.busy = False
+        self._last_s = 0.0
+
+    def took(self, seconds: float) -> None:
+        """
+        Record how long one artifact write lasted (seconds, the request alone; failed writes are not counted).
+
+        Two slow writes in a row make the API busy (one may be a hiccup); one
+        quick write makes it quick again.
+        """
+        slow = seconds > BUSY_S
+        self.busy = slow and self._last_s > BUSY_S
+        self._last_s = seconds
+
+    @property
+    def concurrency(self) -> int:
+        """Writes in flight at once: :data:`CONCURRENCY`, or 1 while the API is busy."""
+        return 1 if self.busy else CONCURRENCY
+
+    def wait_s(self) -> float:
+        """Seconds to wait before the next record: :data:`BUSY_WAIT_FACTOR` times the last write's while the API is busy, else 0."""
+        return min(BUSY_WAIT_FACTOR * self._last_s, MAX_WAIT_S) if self.busy else 0.0
+
+
 class MonitorWriter:
     """The process-wide queue and thread that send monitor records (see the module notes)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._artifacts: asyncio.Queue[Record] | None = None
         self._buffer: deque[Record] = deque()
         self._wakeup_sent = False
         self._pending = Pending()
         self._clients: dict[Any, Any] = {}
-        self._urgent: set[asyncio.Future[None]] = set()
+        self._writes: set[asyncio.Future[Any]] = set()
         self._holds = 0
         self._go: asyncio.Event | None = None
+        self._abandoned = False
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._ready: asyncio.Queue[Record] | None = None
+        self._slot: asyncio.Condition | None = None
+        self._in_flight = 0
+        self._pacers: dict[Any, Pacer] = {}
 
     def hold_artifacts(self) -> None:
         """
-        Start no new result artifact until :meth:`release_artifacts` (calls nest).
+        Send no new record but the urgent ones until :meth:`release_artifacts` (calls nest).
 
-        A session's teardown holds them, so that building and writing artifacts
-        in the background does not slow the teardown down (one process, one GIL;
-        the local API on the same cores).
+        A session's teardown holds them, so that sending events and writing
+        artifacts in the background does not slow the teardown down (one
+        process, one GIL; the local API on the same cores). Plans are still
+        printed as records are taken.
         """
         with self._lock:
             self._holds += 1
@@ -169,6 +240,9 @@ class MonitorWriter:
         wake-up.
         """
         self._pending.add()
+        if self._abandoned:
+            self._finish(record)
+            return
         try:
             loop = self._started()
             with self._lock:
@@ -194,6 +268,55 @@ class MonitorWriter:
         """
         return self._pending.wait(timeout)
 
+    def abandon(self, timeout: float = 1.0) -> int:
+        """
+        Send nothing more: drop every record not yet sent and cancel the writes under way.
+
+        For the interpreter's exit, once the bounded drain is over: the dropped
+        records' ``on_done`` callbacks still run, so waits on them end. Later
+        :meth:`put` calls drop their record at once.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait at most for the writer's thread to cancel what is under way.
+
+        Returns
+        -------
+        int
+            Records dropped or cancelled (not sent).
+        """
+        with self._lock:
+            self._abandoned = True
+            loop = self._loop
+        left = self._pending.count
+        if loop is None or not left:
+            return left
+        done = threading.Event()
+
+        def cancel_all() -> None:
+            try:
+                for task in [*self._tasks, *self._writes]:
+                    task.cancel()
+                self._take()  # the buffer: dropped, as abandoned
+                while self._ready is not None and not self._ready.empty():
+                    self._finish(self._ready.get_nowait())
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(cancel_all, context=contextvars.Context())
+        except RuntimeError:  # pragma: no cover - the loop is closed
+            return left
+        done.wait(timeout)
+        self._pending.wait(timeout)
+        return left
+
+    def api_busy(self, api_url: str | None) -> bool:
+        """Whether the writer counts the API at ``api_url`` as busy now (see :class:`Pacer`)."""
+        pacer = self._pacers.get(api_url)
+        return pacer is not None and pacer.busy
+
     @property
     def outstanding(self) -> int:
         """Records put and not yet sent."""
@@ -217,60 +340,101 @@ class MonitorWriter:
     def _serve(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
-        self._artifacts = asyncio.Queue()
+        self._ready = asyncio.Queue()
         self._go = asyncio.Event()
+        self._slot = asyncio.Condition()
         if not self._holds:
             self._go.set()
-        for _ in range(CONCURRENCY):
-            loop.create_task(self._artifact_worker(self._artifacts))
+        self._tasks.add(loop.create_task(self._dispatch(self._ready)))
         self._loop = loop
         ready.set()
         loop.run_forever()
 
     def _take(self) -> None:
-        """On the writer's loop: send the buffered events, queue the artifacts."""
+        """On the writer's loop: print the buffered records' plans, queue them for the dispatcher."""
         with self._lock:
             batch = list(self._buffer)
             self._buffer.clear()
             self._wakeup_sent = False
-        assert self._artifacts is not None
+        assert self._ready is not None
         for record in batch:
-            if record.send is not None:
-                try:
-                    record.send()
-                except Exception as exc:
-                    logger.warning("Could not emit a cudf-polars event: %s", exc)
+            if self._abandoned:
+                self._finish(record)
+                continue
             if record.prepare is not None:
                 try:
                     record.prepare()
                 except Exception as exc:
                     logger.warning("Could not prepare a cudf-polars artifact: %s", exc)
                 record.prepare = None
-            if record.build is None:
-                self._finish(record)
-            elif record.urgent:
-                task = asyncio.ensure_future(self._write(record))
-                self._urgent.add(task)
-                task.add_done_callback(self._urgent.discard)
+            if record.urgent:
+                self._send_event(record)
+                if record.build is None:
+                    self._finish(record)
+                else:
+                    task = asyncio.ensure_future(self._write(record))
+                    self._writes.add(task)
+                    task.add_done_callback(self._writes.discard)
             else:
-                self._artifacts.put_nowait(record)
+                self._ready.put_nowait(record)
         del batch  # a sent record keeps nothing alive while the loop waits
         record = None
 
-    async def _artifact_worker(self, artifacts: asyncio.Queue[Record]) -> None:
-        assert self._go is not None
+    def _send_event(self, record: Record) -> None:
+        if record.send is not None:
+            try:
+                record.send()
+            except Exception as exc:
+                logger.warning("Could not emit a cudf-polars event: %s", exc)
+
+    async def _dispatch(self, ready: asyncio.Queue[Record]) -> None:
+        """Send the records in the order they were put, as fast as the API keeps up (:class:`Pacer`)."""
+        assert self._go is not None and self._slot is not None
         while True:
-            record = await artifacts.get()
-            await self._go.wait()
-            await self._write(record)
+            record = await ready.get()
+            try:
+                await self._go.wait()
+                pacer = self._pacers.setdefault(record.api_url, Pacer())
+                async with self._slot:
+                    await self._slot.wait_for(lambda: self._in_flight < pacer.concurrency)
+                await asyncio.sleep(pacer.wait_s())
+            except asyncio.CancelledError:
+                self._finish(record)  # abandoned: not sent
+                raise
+            self._send_event(record)
+            if record.build is None:
+                self._finish(record)
+            else:
+                self._in_flight += 1
+                task = asyncio.ensure_future(self._write_paced(record, pacer))
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
             del record
 
-    async def _write(self, record: Record) -> None:
+    async def _write_paced(self, record: Record, pacer: Pacer) -> None:
         try:
+            await self._write(record, pacer)
+        finally:
+            self._in_flight -= 1
+            assert self._slot is not None
+            async with self._slot:
+                self._slot.notify_all()
+
+    async def _write(self, record: Record, pacer: Pacer | None = None) -> None:
+        """Write the record's artifact (failures are logged); ``pacer`` learns how long the API took."""
+        try:
+            if self._abandoned:
+                return
             assert record.build is not None
             artifact = record.build()
             client = await self._client(record.api_url)
-            await client.create_artifact(artifact=artifact)
+            if record.urgent:
+                await client.create_artifact(artifact=artifact)
+                return
+            started = time.monotonic()
+            await write_result_artifact(client, artifact)
+            if pacer is not None:
+                pacer.took(time.monotonic() - started)
         except Exception as exc:
             logger.warning("Could not write a cudf-polars artifact: %s", exc)
         finally:
@@ -297,6 +461,27 @@ class MonitorWriter:
                 record.on_done()
         finally:
             self._pending.done()
+
+
+async def write_result_artifact(client: Any, artifact: Any) -> None:
+    """
+    Create a result artifact through Prefect's API with one request and nothing else.
+
+    Prefect 3.9's ``PrefectClient.create_artifact`` also validates the response
+    into an ``Artifact`` and emits a ``prefect.artifact.created`` event. With one
+    artifact per GPU result, that event doubles what the flow process sends
+    and the API ingests per result, and the result's own ``result.created``
+    event already names the same task run; so a result artifact is one
+    ``POST /artifacts/`` through the client's ``request`` (its retries and
+    authentication included).
+
+    Raises
+    ------
+    httpx.HTTPStatusError
+        When the API refuses the artifact (Prefect's client raises for an error
+        status; the caller logs it).
+    """
+    await client.request("POST", "/artifacts/", json=artifact.model_dump(mode="json", exclude_unset=True))
 
 
 #: The one writer of this process.

@@ -7,7 +7,8 @@ exit hook closes every open session, after one ``RuntimeWarning`` naming the res
 were still live, and then drains the monitor's writer
 (:mod:`~prefect_cudf_polars.blocks.monitoring.writer`) at most
 :data:`EXIT_DRAIN_S` seconds (:data:`TERMINATED_DRAIN_S` after a session was
-ended by SIGTERM, so a cancelled flow run's process ends quickly).
+ended by SIGTERM, so a cancelled flow run's process ends quickly). What is
+still unsent then is dropped, with one warning giving the count.
 
 Order at exit (Prefect 3.9): ``threading._shutdown`` runs the callbacks
 registered with ``threading._register_atexit`` last-registered first, before
@@ -86,7 +87,18 @@ def _at_exit() -> None:
             _close_at_exit(session)
         except Exception as exc:  # pragma: no cover - the engine failed at exit
             console_logger().warning("cudf-polars engine session %s: teardown at exit failed: %s", session.id, exc)
-    WRITER.drain(TERMINATED_DRAIN_S if _state["terminated"] else EXIT_DRAIN_S)
+    limit = TERMINATED_DRAIN_S if _state["terminated"] else EXIT_DRAIN_S
+    if WRITER.drain(limit):
+        return
+    # Prefect's events worker stops next: nothing of ours may write after it.
+    dropped = WRITER.abandon()
+    console_logger().warning(
+        "%d cudf-polars monitoring records (events, artifacts) were not sent: the Prefect API had not taken "
+        "them %g s into the interpreter's exit. The flow runs' states and logs are not "
+        "affected; switch parts of the monitoring off (prefect_cudf_polars.blocks.monitoring."
+        "monitor.DEFAULT_OPTIONS) for flow runs with many results on a slow API.",
+        dropped, limit,
+    )
 
 
 def _close_at_exit(session: EngineSession) -> None:
