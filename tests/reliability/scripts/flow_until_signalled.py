@@ -14,6 +14,7 @@ Usage: ``python flow_until_signalled.py EVIDENCE_DIR PARQUET_PATH``
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import logging
@@ -43,8 +44,15 @@ def _children() -> list[int]:
 
 def _log_to(evidence: Path) -> None:
     handler = logging.FileHandler(evidence / "flow.log")
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(message)s", "%H:%M:%S"))
     logging.getLogger("prefect.flow_runs").addHandler(handler)
+    # The last exit hook to run: when the interpreter got there (a slow exit shows in flow.log).
+    atexit.register(_exit_mark, evidence / "flow.log")
+
+
+def _exit_mark(path: Path) -> None:
+    with path.open("a") as log:
+        log.write(time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d} interpreter at its exit hooks\n")
 
 
 #: Seconds after ready.json until the threads' stacks are dumped (then again each period).
