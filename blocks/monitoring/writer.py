@@ -10,7 +10,14 @@ Developer notes
 * One daemon thread runs an asyncio loop with one Prefect client per API URL,
   reused for the life of the process (not a client per artifact). A record
   joins a buffer, and the loop is woken once per burst.
-* A result's plan is printed as soon as the writer takes its record
+* The writer's Python work waits for the engines to be quiet: no engine
+  call for :data:`QUIET_S`, or at most :data:`MAX_DELAY_S` after the record
+  was put (:class:`EngineActivity`; the sessions' owner threads report each
+  call). One interpreter lock serves the engine's Python threads and the
+  writer, so work done during an engine call lengthens it several times
+  over; a pipeline of GPU tasks runs its steps first, and its records go out
+  in the pause after it.
+* A result's plan is printed as soon as the engines are quiet
   (:attr:`Record.prepare`), not when its turn at the API comes, so a
   session's end finds few plans left to print.
 * One dispatcher then sends the records in the order they were put: the
@@ -63,6 +70,12 @@ BUSY_S = 0.5
 BUSY_WAIT_FACTOR = 4.0
 #: Most seconds the writer waits between two records while the API is busy.
 MAX_WAIT_S = 5.0
+#: Seconds without an engine call after which the writer counts the engines as quiet.
+QUIET_S = 0.1
+#: Most seconds a record waits for the engines to be quiet.
+MAX_DELAY_S = 5.0
+#: Seconds between two looks at whether the engines are quiet.
+POLL_S = 0.05
 
 
 class Record:
@@ -87,7 +100,7 @@ class Record:
         The Prefect API to write the artifact to (``PREFECT_API_URL`` where the record was made).
     """
 
-    __slots__ = ("api_url", "build", "on_done", "prepare", "send", "urgent")
+    __slots__ = ("api_url", "build", "on_done", "prepare", "put_at", "send", "urgent")
 
     def __init__(
         self,
@@ -102,6 +115,7 @@ class Record:
         self.send, self.build, self.urgent, self.on_done = send, build, urgent, on_done
         self.prepare = prepare
         self.api_url = api_url
+        self.put_at = time.monotonic()
 
 
 def current_api_url() -> str | None:
@@ -140,6 +154,41 @@ class Pending:
                     return False
                 self._zero.wait(left)
         return True
+
+
+class EngineActivity:
+    """
+    Whether an engine call is running in this process, and since when none has (thread-safe).
+
+    Sessions' owner threads report each call (:meth:`started`, :meth:`ended`);
+    the writer does its Python work (plans, events, artifact requests) only
+    when the engines have been quiet for :data:`QUIET_S`, or once a record has
+    waited :data:`MAX_DELAY_S`. One process has one interpreter lock: work
+    on the writer's thread during an engine call takes it from the engine's
+    own Python threads each time they come back from the GPU, which costs a
+    short step several times the writer's own work.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._last_end = 0.0
+
+    def started(self) -> None:
+        """An engine call starts."""
+        with self._lock:
+            self._running += 1
+
+    def ended(self) -> None:
+        """An engine call ended."""
+        with self._lock:
+            self._running = max(self._running - 1, 0)
+            self._last_end = time.monotonic()
+
+    def quiet(self) -> bool:
+        """No engine call runs, and none ended in the last :data:`QUIET_S` seconds."""
+        with self._lock:
+            return not self._running and time.monotonic() - self._last_end >= QUIET_S
 
 
 class Pacer:
@@ -204,9 +253,12 @@ class MonitorWriter:
         self._abandoned = False
         self._tasks: set[asyncio.Future[None]] = set()
         self._ready: asyncio.Queue[Record] | None = None
+        self._prepared: asyncio.Queue[Record] | None = None
         self._slot: asyncio.Condition | None = None
         self._in_flight = 0
         self._pacers: dict[Any, Pacer] = {}
+        #: What the engines are doing (their owner threads report each call).
+        self.activity = EngineActivity()
 
     def hold_artifacts(self) -> None:
         """
@@ -299,8 +351,9 @@ class MonitorWriter:
                 for task in [*self._tasks, *self._writes]:
                     task.cancel()
                 self._take()  # the buffer: dropped, as abandoned
-                while self._ready is not None and not self._ready.empty():
-                    self._finish(self._ready.get_nowait())
+                for waiting in (self._ready, self._prepared):
+                    while waiting is not None and not waiting.empty():
+                        self._finish(waiting.get_nowait())
             finally:
                 done.set()
 
@@ -341,17 +394,19 @@ class MonitorWriter:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._ready = asyncio.Queue()
+        self._prepared = asyncio.Queue()
         self._go = asyncio.Event()
         self._slot = asyncio.Condition()
         if not self._holds:
             self._go.set()
-        self._tasks.add(loop.create_task(self._dispatch(self._ready)))
+        self._tasks.add(loop.create_task(self._prepare_in_order(self._ready, self._prepared)))
+        self._tasks.add(loop.create_task(self._dispatch(self._prepared)))
         self._loop = loop
         ready.set()
         loop.run_forever()
 
     def _take(self) -> None:
-        """On the writer's loop: print the buffered records' plans, queue them for the dispatcher."""
+        """On the writer's loop: send the urgent records, queue the others for the dispatcher."""
         with self._lock:
             batch = list(self._buffer)
             self._buffer.clear()
@@ -361,13 +416,8 @@ class MonitorWriter:
             if self._abandoned:
                 self._finish(record)
                 continue
-            if record.prepare is not None:
-                try:
-                    record.prepare()
-                except Exception as exc:
-                    logger.warning("Could not prepare a cudf-polars artifact: %s", exc)
-                record.prepare = None
             if record.urgent:
+                self._prepare(record)
                 self._send_event(record)
                 if record.build is None:
                     self._finish(record)
@@ -380,6 +430,19 @@ class MonitorWriter:
         del batch  # a sent record keeps nothing alive while the loop waits
         record = None
 
+    def _prepare(self, record: Record) -> None:
+        if record.prepare is not None:
+            try:
+                record.prepare()
+            except Exception as exc:
+                logger.warning("Could not prepare a cudf-polars artifact: %s", exc)
+            record.prepare = None
+
+    async def _until_quiet(self, record: Record) -> None:
+        """Wait until the engines are quiet, or the record has waited :data:`MAX_DELAY_S`."""
+        while not self.activity.quiet() and time.monotonic() - record.put_at < MAX_DELAY_S:
+            await asyncio.sleep(POLL_S)
+
     def _send_event(self, record: Record) -> None:
         if record.send is not None:
             try:
@@ -387,12 +450,26 @@ class MonitorWriter:
             except Exception as exc:
                 logger.warning("Could not emit a cudf-polars event: %s", exc)
 
-    async def _dispatch(self, ready: asyncio.Queue[Record]) -> None:
-        """Send the records in the order they were put, as fast as the API keeps up (:class:`Pacer`)."""
-        assert self._go is not None and self._slot is not None
+    async def _prepare_in_order(self, ready: asyncio.Queue[Record], prepared: asyncio.Queue[Record]) -> None:
+        """Print the records' plans, in order, while the engines are quiet (:class:`EngineActivity`)."""
         while True:
             record = await ready.get()
             try:
+                await self._until_quiet(record)
+            except asyncio.CancelledError:
+                self._finish(record)  # abandoned: not sent
+                raise
+            self._prepare(record)
+            prepared.put_nowait(record)
+            del record
+
+    async def _dispatch(self, prepared: asyncio.Queue[Record]) -> None:
+        """Send the prepared records in order, unless held, as fast as the API keeps up (:class:`Pacer`)."""
+        assert self._go is not None and self._slot is not None
+        while True:
+            record = await prepared.get()
+            try:
+                await self._until_quiet(record)
                 await self._go.wait()
                 pacer = self._pacers.setdefault(record.api_url, Pacer())
                 async with self._slot:

@@ -58,6 +58,9 @@ class OwnerThread:
     ended_message : callable, optional
         Returns the text of the :class:`SessionError` raised for a call handed
         in after the thread stopped (default: :data:`ENDED_MESSAGE`).
+    activity : object, optional
+        Told when each call starts and ends (``started()``, ``ended()``): the
+        monitor's writer keeps its own work off the engine's calls.
 
     Attributes
     ----------
@@ -65,8 +68,11 @@ class OwnerThread:
         The owner thread itself.
     """
 
-    def __init__(self, name: str, ended_message: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self, name: str, ended_message: Callable[[], str] | None = None, activity: Any = None
+    ) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._activity = activity
         self._lock = threading.Lock()
         self._accepting = True
         self._ended_message = ended_message or (lambda: ENDED_MESSAGE)
@@ -81,12 +87,17 @@ class OwnerThread:
             future, fn, args, kwargs = item
             if not future.set_running_or_notify_cancel():
                 continue  # its caller gave up before it started
+            if self._activity is not None:
+                self._activity.started()
             try:
                 value = fn(*args, **kwargs)
             except BaseException as exc:
                 future.set_exception(exc)
             else:
                 future.set_result(value)  # runs on_late here, before the next call
+            finally:
+                if self._activity is not None:
+                    self._activity.ended()
             del item, future, fn, args, kwargs
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:

@@ -66,6 +66,7 @@ from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions, r
 from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.monitoring.monitor import END_WAIT_S, SessionMonitor
+from prefect_cudf_polars.blocks.monitoring.writer import WRITER
 from prefect_cudf_polars.blocks.results.lineage import Lineage
 from prefect_cudf_polars.blocks.results.result import EndedSession, FusedStep, GPUResult, HeldPlan
 from prefect_cudf_polars.blocks.results.run_identity import RunIdentity, current_run
@@ -261,7 +262,9 @@ class EngineSession:
             # Outside a flow run: a Python warning, at the user's line. In a flow run,
             # announce() writes it once to the flow run's log (console and UI) instead.
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
-        self._owner = OwnerThread(f"cudf-polars-engine-owner-{self.id[:8]}", self.ended_message)
+        self._owner = OwnerThread(
+            f"cudf-polars-engine-owner-{self.id[:8]}", self.ended_message, activity=WRITER.activity
+        )
         try:
             self._owner.run(self._start_on_owner)
         except BaseException:
