@@ -12,10 +12,13 @@ before its engine sees it, and the ``cpu`` backend runs what the GPU runs:
   ``head(n)``, ``limit(n)`` and ``slice(0, n)`` (also after ``with_columns``)
   into the scan; cudf-polars 26.10 refuses a row limit on a Python scan when it
   translates the plan ("A row limit (head/limit) on a PythonScan source is not
-  supported": one global limit cannot be enforced rank by rank). A plan that
-  reads a ``PYTHON SCAN`` therefore runs with ``slice_pushdown=False``: the limit
-  stays a ``SLICE`` above the scan, which cudf-polars runs. Plans without one
-  keep every optimization (``scan_parquet(p).head(n)`` still reads ``n`` rows).
+  supported": one global limit cannot be enforced rank by rank). A plan whose
+  row limit polars would push into a ``PYTHON SCAN`` therefore runs with
+  ``slice_pushdown=False``: the limit stays a ``SLICE`` above the scan, which
+  cudf-polars runs. Every other plan keeps every optimization: a limit that
+  stops above the scan (``sort(...).head(n)`` after an aggregation runs as a
+  top-k sort, as bare cudf-polars runs it), and plans without such a scan
+  (``scan_parquet(p).head(n)`` still reads ``n`` rows).
 * **Zero columns.** A query that needs none of a scan's columns
   (``with_row_index()`` keeping only the index, ``select(pl.lit(1))``, SQL
   ``count(*)``) gets a zero-column projection, which cudf-polars 26.10's
@@ -35,6 +38,11 @@ import polars as pl
 IN_PROCESS_SCAN = "PYTHON SCAN"
 # polars 1.44's explain() prints a scan's projection on the line below it ("PROJECT 0/3 COLUMNS").
 _ZERO_COLUMN_SCAN = re.compile(rf"{IN_PROCESS_SCAN}[^\n]*\n[ \t]*PROJECT 0/")
+# ... and a row limit pushed into the scan as a line of the scan's own ("SLICE: Positive {...}"),
+# after its projection and selection; a limit that stays above the scan is a node ("SLICE[...]").
+_SLICE_IN_SCAN = re.compile(
+    rf"{IN_PROCESS_SCAN}[^\n]*\n(?:[ \t]*(?:PROJECT|SELECTION|ESTIMATED)[^\n]*\n)*[ \t]*SLICE:"
+)
 
 ZERO_COLUMN_MESSAGE = (
     "This query reads a GPU result's frame (or another polars IO source) without any "
@@ -75,12 +83,21 @@ def engine_flags(lf: pl.LazyFrame) -> pl.QueryOptFlags:
     Returns
     -------
     polars.QueryOptFlags
-        ``QueryOptFlags(slice_pushdown=False)`` when the plan reads a
-        ``PYTHON SCAN``; polars' defaults otherwise.
+        ``QueryOptFlags(slice_pushdown=False)`` when polars would push a row
+        limit into a ``PYTHON SCAN``; polars' defaults otherwise.
     """
-    if reads_in_process_source(lf):
-        return pl.QueryOptFlags(slice_pushdown=False)
-    return pl.QueryOptFlags()
+    return _flags_and_plan(lf)[0]
+
+
+def _flags_and_plan(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str | None]:
+    """The flags of :func:`engine_flags` and, for a plan that reads a ``PYTHON SCAN``, its optimized plan text."""
+    if not reads_in_process_source(lf):
+        return pl.QueryOptFlags(), None
+    plan = lf.explain()
+    if _SLICE_IN_SCAN.search(plan):
+        flags = pl.QueryOptFlags(slice_pushdown=False)
+        return flags, lf.explain(optimizations=flags)
+    return pl.QueryOptFlags(), plan
 
 
 def engine_plan(lf: pl.LazyFrame) -> str:
@@ -96,7 +113,8 @@ def engine_plan(lf: pl.LazyFrame) -> str:
     str
         polars' plan text; planning reads no data.
     """
-    return lf.explain(optimizations=engine_flags(lf))
+    flags, plan = _flags_and_plan(lf)
+    return plan if plan is not None else lf.explain(optimizations=flags)
 
 
 def prepare(lf: pl.LazyFrame) -> pl.QueryOptFlags:
@@ -119,9 +137,7 @@ def prepare(lf: pl.LazyFrame) -> pl.QueryOptFlags:
         When the plan reads an IO-plugin scan (a result's frame) with zero
         columns; the message names the form that works. Nothing has run.
     """
-    if not reads_in_process_source(lf):
-        return pl.QueryOptFlags()
-    flags = pl.QueryOptFlags(slice_pushdown=False)
-    if _ZERO_COLUMN_SCAN.search(lf.explain(optimizations=flags)):
+    flags, plan = _flags_and_plan(lf)
+    if plan is not None and _ZERO_COLUMN_SCAN.search(plan):
         raise NotImplementedError(ZERO_COLUMN_MESSAGE)
     return flags

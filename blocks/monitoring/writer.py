@@ -160,7 +160,8 @@ class EngineActivity:
     """
     Whether an engine call is running in this process, and since when none has (thread-safe).
 
-    Sessions' owner threads report each call (:meth:`started`, :meth:`ended`);
+    Sessions' owner threads report each call (:meth:`started`, :meth:`ended`)
+    and their own end (:meth:`stopped`);
     the writer does its Python work (plans, events, artifact requests) only
     when the engines have been quiet for :data:`QUIET_S`, or once a record has
     waited :data:`MAX_DELAY_S`. One process has one interpreter lock: work
@@ -184,6 +185,12 @@ class EngineActivity:
         with self._lock:
             self._running = max(self._running - 1, 0)
             self._last_end = time.monotonic()
+
+    def stopped(self) -> None:
+        """An engine's owner thread ended (its session's teardown ran): quiet at once if no other call runs."""
+        with self._lock:
+            if not self._running:
+                self._last_end = 0.0
 
     def quiet(self) -> bool:
         """No engine call runs, and none ended in the last :data:`QUIET_S` seconds."""

@@ -59,8 +59,9 @@ class OwnerThread:
         Returns the text of the :class:`SessionError` raised for a call handed
         in after the thread stopped (default: :data:`ENDED_MESSAGE`).
     activity : object, optional
-        Told when each call starts and ends (``started()``, ``ended()``): the
-        monitor's writer keeps its own work off the engine's calls.
+        Told when each call starts and ends (``started()``, ``ended()``) and
+        when the thread ends (``stopped()``): the monitor's writer keeps its
+        own work off the engine's calls.
 
     Attributes
     ----------
@@ -83,6 +84,8 @@ class OwnerThread:
         while True:
             item = self._queue.get()
             if item is _STOP:
+                if self._activity is not None:
+                    self._activity.stopped()
                 return
             future, fn, args, kwargs = item
             if not future.set_running_or_notify_cancel():

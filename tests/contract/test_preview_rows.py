@@ -193,3 +193,38 @@ def test_a_zero_column_read_of_a_result_is_refused_on_the_gpu_too(orders, form):
 @pytest.mark.gpu
 def test_counting_a_results_rows_runs_on_the_gpu(orders):
     assert count_rows(CudfPolarsEngine(backend="spmd", raise_on_fail=True), orders) == 1000
+
+
+def largest_customers(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """A row limit that stops above the result's scan: the 3 customers with the most spent (a top-k)."""
+    return lf.group_by("customer").agg(spent=pl.col("amount").sum()).sort(["spent", "customer"], descending=True).head(3)
+
+
+@gpu_task(name="largest-customers")
+def top_customers(r: GPUResult) -> pl.LazyFrame:
+    return largest_customers(r.lazy())
+
+
+def collect_top_customers(engine: CudfPolarsEngine, orders) -> tuple[pl.DataFrame, object]:
+    @flow(task_runner=CudfPolarsTaskRunner(engine))
+    def pipeline():
+        return collect(top_customers(execute(pl.scan_parquet(orders), name="orders")))
+
+    state = pipeline(return_state=True)
+    return state.result(), state.state_details.flow_run_id
+
+
+def test_a_row_limit_above_the_results_scan_keeps_slice_pushdown(orders):
+    """A sort then head after an aggregation runs as polars' top-k sort, as bare cudf-polars runs it."""
+    engine = CudfPolarsEngine(backend="cpu", raise_on_fail=True)  # checked as the GPU would, where cudf-polars is installed
+    got, flow_run_id = collect_top_customers(engine, orders)
+    assert_frame_equal(got, largest_customers(pl.scan_parquet(orders)).collect())
+    [artifact] = artifacts_of(task_run_id=task_runs_of(flow_run_id, final=True)["largest-customers"].id)
+    assert "SORT BY [slice: (0, 3" in artifact.data, artifact.data  # top-k: the limit inside the sort
+    assert "SLICE[offset" not in artifact.data and "SLICE: Positive" not in artifact.data, artifact.data
+
+
+@pytest.mark.gpu
+def test_a_row_limit_above_the_results_scan_runs_on_the_gpu(orders):
+    got, _ = collect_top_customers(CudfPolarsEngine(backend="spmd", raise_on_fail=True), orders)
+    assert_frame_equal(got, largest_customers(pl.scan_parquet(orders)).collect(), check_dtypes=False)
