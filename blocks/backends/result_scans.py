@@ -12,9 +12,9 @@ before its engine sees it, and the ``cpu`` backend runs what the GPU runs:
   ``head(n)``, ``limit(n)`` and ``slice(0, n)`` (also after ``with_columns``)
   into the scan; cudf-polars 26.10 refuses a row limit on a Python scan when it
   translates the plan ("A row limit (head/limit) on a PythonScan source is not
-  supported": one global limit cannot be enforced rank by rank). A plan whose
-  row limit polars would push into a ``PYTHON SCAN`` therefore runs with
-  ``slice_pushdown=False``: the limit stays a ``SLICE`` above the scan, which
+  supported": one global limit cannot be enforced rank by rank). A plan that
+  reads a ``PYTHON SCAN`` and whose row limit polars would push into a scan
+  therefore runs with ``slice_pushdown=False``: the limit stays a ``SLICE`` above the scan, which
   cudf-polars runs. Every other plan keeps every optimization: a limit that
   stops above the scan (``sort(...).head(n)`` after an aggregation runs as a
   top-k sort, as bare cudf-polars runs it), and plans without such a scan
@@ -38,11 +38,12 @@ import polars as pl
 IN_PROCESS_SCAN = "PYTHON SCAN"
 # polars 1.44's explain() prints a scan's projection on the line below it ("PROJECT 0/3 COLUMNS").
 _ZERO_COLUMN_SCAN = re.compile(rf"{IN_PROCESS_SCAN}[^\n]*\n[ \t]*PROJECT 0/")
-# ... and a row limit pushed into the scan as a line of the scan's own ("SLICE: Positive {...}"),
-# after its projection and selection; a limit that stays above the scan is a node ("SLICE[...]").
-_SLICE_IN_SCAN = re.compile(
-    rf"{IN_PROCESS_SCAN}[^\n]*\n(?:[ \t]*(?:PROJECT|SELECTION|ESTIMATED)[^\n]*\n)*[ \t]*SLICE:"
-)
+# ... and a row limit pushed into a scan as a line of the scan's own ("SLICE: Positive {...}");
+# a limit that stays above the scans is a node ("SLICE[...]") or part of a top-k sort
+# ("SORT BY [slice: ...]"). Any pushed limit in a plan that reads a PYTHON SCAN counts (a
+# literal in a selection may span lines, so which scan it belongs to is not read): a wrong
+# match costs an optimization, a miss would fail the query.
+_PUSHED_SLICE = re.compile(r"(?m)^[ \t]*SLICE: ")
 
 ZERO_COLUMN_MESSAGE = (
     "This query reads a GPU result's frame (or another polars IO source) without any "
@@ -83,8 +84,9 @@ def engine_flags(lf: pl.LazyFrame) -> pl.QueryOptFlags:
     Returns
     -------
     polars.QueryOptFlags
-        ``QueryOptFlags(slice_pushdown=False)`` when polars would push a row
-        limit into a ``PYTHON SCAN``; polars' defaults otherwise.
+        ``QueryOptFlags(slice_pushdown=False)`` when the plan reads a
+        ``PYTHON SCAN`` and polars would push a row limit into a scan of it;
+        polars' defaults otherwise.
     """
     return _flags_and_plan(lf)[0]
 
@@ -94,7 +96,7 @@ def _flags_and_plan(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str | None]:
     if not reads_in_process_source(lf):
         return pl.QueryOptFlags(), None
     plan = lf.explain()
-    if _SLICE_IN_SCAN.search(plan):
+    if _PUSHED_SLICE.search(plan):
         flags = pl.QueryOptFlags(slice_pushdown=False)
         return flags, lf.explain(optimizations=flags)
     return pl.QueryOptFlags(), plan

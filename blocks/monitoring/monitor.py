@@ -20,7 +20,7 @@ printing. The writer turns the records into the events of
 * A result's producing task run is recorded when it is created, so its
   ``released`` event can name that task run even at session end.
 * A result's artifact record keeps the query until the writer prints its plan,
-  which it does as soon as it takes the record, ahead of the API write; at the
+  which it does once the engines are quiet, ahead of the API write; at the
   session's end, before the engine shuts down, :meth:`SessionMonitor.settle`
   prints the plans still pending, so no query (which may scan a result of the
   engine) outlives the engine.
@@ -129,7 +129,7 @@ class ResultArtifact:
         """
         Print the query's plan now and let go of the query (idempotent, thread-safe).
 
-        The writer's thread prints it as soon as it takes the record; a session's
+        The writer's thread prints it once the engines are quiet; a session's
         :meth:`SessionMonitor.settle` prints the rest, waiting for a print under way.
         """
         with _PRINTING:
@@ -318,7 +318,7 @@ class SessionMonitor:
         )
         if record.query is not None:
             self._unprinted.add(record)
-        # One record: the event, then the plan (as soon as the writer takes it), then the artifact.
+        # One record: the plan (once the engines are quiet), then the event, then the artifact.
         self._put(send=send, build=record.build, prepare=record.print_plan if record.query is not None else None)
 
     def collected(self, fused: Sequence[FusedStep], *, engine_seconds: float, rows: int) -> None:
@@ -408,9 +408,16 @@ class SessionMonitor:
         self._unprinted = weakref.WeakSet()
 
     def ending(self) -> None:
-        """The session's teardown starts: hold background result artifacts until :meth:`ended`."""
-        WRITER.hold_artifacts()
-        self._holding = True
+        """The session's teardown starts: hold the writer's records (all but the urgent ones) until :meth:`release`."""
+        if not self._holding:
+            self._holding = True
+            WRITER.hold()
+
+    def release(self) -> None:
+        """Undo :meth:`ending` (idempotent; :meth:`ended` calls it, and so does a teardown that raised)."""
+        if self._holding:
+            self._holding = False
+            WRITER.release()
 
     def ended(self, summary: dict[str, Any], *, dashboard: str | None, wait: float = END_WAIT_S) -> None:
         """
@@ -418,9 +425,7 @@ class SessionMonitor:
 
         Then waits at most ``wait`` seconds for the session's records to be sent.
         """
-        if self._holding:
-            self._holding = False
-            WRITER.release_artifacts()
+        self.release()
         try:
             self._ended(summary, dashboard)
             # With a long backlog (many results still being written, on an API that is busy

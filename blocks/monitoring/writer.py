@@ -10,37 +10,34 @@ Developer notes
 * One daemon thread runs an asyncio loop with one Prefect client per API URL,
   reused for the life of the process (not a client per artifact). A record
   joins a buffer, and the loop is woken once per burst.
-* The writer's Python work waits for the engines to be quiet: no engine
-  call for :data:`QUIET_S`, or at most :data:`MAX_DELAY_S` after the record
-  was put (:class:`EngineActivity`; the sessions' owner threads report each
-  call). One interpreter lock serves the engine's Python threads and the
-  writer, so work done during an engine call lengthens it several times
-  over; a pipeline of GPU tasks runs its steps first, and its records go out
-  in the pause after it.
-* A result's plan is printed as soon as the engines are quiet
-  (:attr:`Record.prepare`), not when its turn at the API comes, so a
-  session's end finds few plans left to print.
-* One dispatcher then sends the records in the order they were put: the
-  event (Prefect's own events worker sends it on), then the artifact, up to
-  :data:`CONCURRENCY` artifact writes in flight; Prefect 3.9 has no bulk
-  artifact endpoint. Each is one request and no event of Prefect's
-  (:func:`write_result_artifact`). While the API answers slowly the
-  dispatcher slows down (:class:`Pacer`), so that a flow run with many
-  results does not queue its own final state behind our writes. A session's
-  summary artifact and ``engine.stopped`` (urgent records) skip the queue.
-* :meth:`MonitorWriter.drain` waits, bounded, until everything put is written;
+* The writer's Python work waits for the engines to be quiet
+  (:class:`~prefect_cudf_polars.blocks.monitoring.pacing.EngineActivity`): a
+  pipeline of GPU tasks runs its steps first, and its records go out in the
+  pause after it, or once a record has waited
+  :data:`~prefect_cudf_polars.blocks.monitoring.pacing.MAX_DELAY_S`.
+* Two stages, each in the order records were put: the first prints each
+  result's plan (:attr:`Record.prepare`) as soon as the engines are quiet,
+  so its query is let go early and a session's end finds few plans left to
+  print; the second sends the event (Prefect's own events worker sends it on)
+  and then writes the artifact, several writes in flight; Prefect 3.9 has no
+  bulk artifact endpoint. A result artifact is one request and no event of
+  Prefect's (:func:`write_result_artifact`). While the API answers slowly the
+  second stage slows down
+  (:class:`~prefect_cudf_polars.blocks.monitoring.pacing.Pacer`). A session's
+  summary artifact and ``engine.stopped`` (urgent records) skip both stages.
+* A session's teardown holds the second stage (:meth:`MonitorWriter.hold`).
+  :meth:`MonitorWriter.drain` waits, bounded, until everything put is sent;
   a session's end waits for its own records at most ~1 s
   (:data:`~prefect_cudf_polars.blocks.monitoring.monitor.END_WAIT_S`), and the
   session room's exit hook drains the rest at interpreter exit, *before*
   Prefect's events worker drains (see
   :mod:`~prefect_cudf_polars.blocks.session.exit_hook`); for that,
   :func:`ensure_events_worker` starts Prefect's events worker before that
-  hook is registered.
-* At interpreter exit, what the bounded drain did not send is dropped
-  (:meth:`MonitorWriter.abandon`, with one warning giving the count), and the
-  writes under way are cancelled, before Prefect's own events worker stops: a
-  write finishing later would ask Prefect for an events worker after its
-  shutdown (``can't register atexit after shutdown``).
+  hook is registered. Then the writer stops (:meth:`MonitorWriter.abandon`):
+  what the drain did not send is dropped, with one warning giving the count,
+  and the writes under way are cancelled, before Prefect's own events worker
+  stops: a write finishing later would ask Prefect for an events worker after
+  its shutdown (``can't register atexit after shutdown``).
 * The thread starts with an empty context, so nothing it sends carries (or
   keeps alive) a flow run's context: every record names its runs by id.
 * Nothing here raises into a session: failures are logged at WARNING.
@@ -57,25 +54,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-logger = logging.getLogger("prefect_cudf_polars.monitoring")
+from prefect_cudf_polars.blocks.monitoring.pacing import (
+    MAX_DELAY_S,
+    POLL_S,
+    EngineActivity,
+    Pacer,
+)
 
-#: Artifact writes in flight at once (while the API keeps up; see :class:`Pacer`).
-CONCURRENCY = 4
-#: Seconds an artifact write may take before the writer counts the API as busy: an
-#: idle API answers in tens of milliseconds (Prefect Cloud in about 0.1 s), a local API
-#: on a 2-core machine that is ingesting a flow run's events in about 0.3 s.
-BUSY_S = 0.5
-#: While the API is busy, the writer waits this many times the last write's time
-#: before the next record: its writes then take a fifth of one connection at most.
-BUSY_WAIT_FACTOR = 4.0
-#: Most seconds the writer waits between two records while the API is busy.
-MAX_WAIT_S = 5.0
-#: Seconds without an engine call after which the writer counts the engines as quiet.
-QUIET_S = 0.1
-#: Most seconds a record waits for the engines to be quiet.
-MAX_DELAY_S = 5.0
-#: Seconds between two looks at whether the engines are quiet.
-POLL_S = 0.05
+logger = logging.getLogger("prefect_cudf_polars.monitoring")
 
 
 class Record:
@@ -89,18 +75,21 @@ class Record:
     build : callable, optional
         Returns the ``prefect.client.schemas.actions.ArtifactCreate`` to write.
     prepare : callable, optional
-        Runs on the writer's thread as soon as the record is taken, before the
+        Runs on the writer's thread once the engines are quiet, before the
         artifact waits for the API (a result's plan is printed then, so its
         query is let go long before a session's end).
     urgent : bool
-        The artifact is written at once, not behind the result artifacts (a session's summary).
+        Sent at once, ahead of every other record and never held (a session's
+        summary artifact and ``engine.stopped``).
     on_done : callable, optional
-        Called on the writer's thread once the record is sent (or failed).
+        Called once, when the record is sent, failed or dropped: on the
+        writer's thread, or on the thread that puts it after the writer
+        stopped (:meth:`MonitorWriter.abandon`).
     api_url : str or None
         The Prefect API to write the artifact to (``PREFECT_API_URL`` where the record was made).
     """
 
-    __slots__ = ("api_url", "build", "on_done", "prepare", "put_at", "send", "urgent")
+    __slots__ = ("api_url", "build", "finished", "on_done", "prepare", "put_at", "send", "urgent")
 
     def __init__(
         self,
@@ -116,6 +105,7 @@ class Record:
         self.prepare = prepare
         self.api_url = api_url
         self.put_at = time.monotonic()
+        self.finished = False
 
 
 def current_api_url() -> str | None:
@@ -156,96 +146,15 @@ class Pending:
         return True
 
 
-class EngineActivity:
+class MonitorWriter:
     """
-    Whether an engine call is running in this process, and since when none has (thread-safe).
-
-    Sessions' owner threads report each call (:meth:`started`, :meth:`ended`)
-    and their own end (:meth:`stopped`);
-    the writer does its Python work (plans, events, artifact requests) only
-    when the engines have been quiet for :data:`QUIET_S`, or once a record has
-    waited :data:`MAX_DELAY_S`. One process has one interpreter lock: work
-    on the writer's thread during an engine call takes it from the engine's
-    own Python threads each time they come back from the GPU, which costs a
-    short step several times the writer's own work.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._last_end = 0.0
-
-    def started(self) -> None:
-        """An engine call starts."""
-        with self._lock:
-            self._running += 1
-
-    def ended(self) -> None:
-        """An engine call ended."""
-        with self._lock:
-            self._running = max(self._running - 1, 0)
-            self._last_end = time.monotonic()
-
-    def stopped(self) -> None:
-        """An engine's owner thread ended (its session's teardown ran): quiet at once if no other call runs."""
-        with self._lock:
-            if not self._running:
-                self._last_end = 0.0
-
-    def quiet(self) -> bool:
-        """No engine call runs, and none ended in the last :data:`QUIET_S` seconds."""
-        with self._lock:
-            return not self._running and time.monotonic() - self._last_end >= QUIET_S
-
-
-class Pacer:
-    """
-    How fast the writer sends: as fast as the Prefect API answers its artifact writes.
-
-    Two writes in a row that the API answers in more than :data:`BUSY_S`
-    seconds each mean the API is busy, most often with the flow runs' own
-    events and states (a local API on the flow's own cores, SQLite, many
-    short task runs). Then the writer keeps one write in flight and waits
-    :data:`BUSY_WAIT_FACTOR` times as long as the last one took before it
-    sends the next record (events included), so that Prefect's own events
-    and the flow run's final state are not queued behind ours; it sends at
-    full speed again once a write is answered within :data:`BUSY_S`. What
-    waits is sent later: the session's summary and ``engine.stopped`` never
-    wait, and at interpreter exit the drain is bounded.
+    The process-wide queue and thread that send monitor records (see the module notes).
 
     Attributes
     ----------
-    busy : bool
-        The last two writes each took more than :data:`BUSY_S` seconds.
+    activity : EngineActivity
+        What the engines are doing: sessions' owner threads report each call.
     """
-
-    def __init__(self) -> None:
-        self.busy = False
-        self._last_s = 0.0
-
-    def took(self, seconds: float) -> None:
-        """
-        Record how long one artifact write lasted (seconds, the request alone; failed writes are not counted).
-
-        Two slow writes in a row make the API busy (one may be a hiccup); one
-        quick write makes it quick again.
-        """
-        slow = seconds > BUSY_S
-        self.busy = slow and self._last_s > BUSY_S
-        self._last_s = seconds
-
-    @property
-    def concurrency(self) -> int:
-        """Writes in flight at once: :data:`CONCURRENCY`, or 1 while the API is busy."""
-        return 1 if self.busy else CONCURRENCY
-
-    def wait_s(self) -> float:
-        """Seconds to wait before the next record: :data:`BUSY_WAIT_FACTOR` times the last write's while the API is busy, else 0."""
-        return min(BUSY_WAIT_FACTOR * self._last_s, MAX_WAIT_S) if self.busy else 0.0
-
-
-class MonitorWriter:
-    """The process-wide queue and thread that send monitor records (see the module notes)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -254,27 +163,26 @@ class MonitorWriter:
         self._wakeup_sent = False
         self._pending = Pending()
         self._clients: dict[Any, Any] = {}
-        self._writes: set[asyncio.Future[Any]] = set()
+        self._writes: dict[asyncio.Future[Any], Record] = {}
         self._holds = 0
         self._go: asyncio.Event | None = None
         self._abandoned = False
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._stages: list[asyncio.Future[None]] = []
         self._ready: asyncio.Queue[Record] | None = None
         self._prepared: asyncio.Queue[Record] | None = None
         self._slot: asyncio.Condition | None = None
         self._in_flight = 0
         self._pacers: dict[Any, Pacer] = {}
-        #: What the engines are doing (their owner threads report each call).
         self.activity = EngineActivity()
 
-    def hold_artifacts(self) -> None:
+    def hold(self) -> None:
         """
-        Send no new record but the urgent ones until :meth:`release_artifacts` (calls nest).
+        Send no new record but the urgent ones until :meth:`release` (calls nest).
 
         A session's teardown holds them, so that sending events and writing
         artifacts in the background does not slow the teardown down (one
-        process, one GIL; the local API on the same cores). Plans are still
-        printed as records are taken.
+        process, one interpreter lock; the local API on the same cores). Plans
+        are still printed.
         """
         with self._lock:
             self._holds += 1
@@ -282,8 +190,8 @@ class MonitorWriter:
         if first and self._loop is not None and self._go is not None:
             self._loop.call_soon_threadsafe(self._go.clear, context=contextvars.Context())
 
-    def release_artifacts(self) -> None:
-        """Undo one :meth:`hold_artifacts`."""
+    def release(self) -> None:
+        """Undo one :meth:`hold`."""
         with self._lock:
             self._holds = max(self._holds - 1, 0)
             last = self._holds == 0
@@ -296,7 +204,7 @@ class MonitorWriter:
 
         The record joins a buffer; the writer's loop is woken only when it is
         not already due to take the buffer, so a burst of records costs one
-        wake-up.
+        wake-up. After :meth:`abandon` the record is dropped at once.
         """
         self._pending.add()
         if self._abandoned:
@@ -331,19 +239,20 @@ class MonitorWriter:
         """
         Send nothing more: drop every record not yet sent and cancel the writes under way.
 
-        For the interpreter's exit, once the bounded drain is over: the dropped
-        records' ``on_done`` callbacks still run, so waits on them end. Later
-        :meth:`put` calls drop their record at once.
+        For the interpreter's exit, after the bounded drain: every dropped
+        record's ``on_done`` still runs, so waits on them end. Later
+        :meth:`put` calls drop their record at once. Idempotent.
 
         Parameters
         ----------
         timeout : float
-            Seconds to wait at most for the writer's thread to cancel what is under way.
+            Seconds to wait at most for the writer's thread to drop and cancel.
 
         Returns
         -------
         int
-            Records dropped or cancelled (not sent).
+            Records not sent: dropped, or cancelled while their artifact was
+            being written (the API may have taken some of those).
         """
         with self._lock:
             self._abandoned = True
@@ -355,8 +264,11 @@ class MonitorWriter:
 
         def cancel_all() -> None:
             try:
-                for task in [*self._tasks, *self._writes]:
+                for stage in self._stages:
+                    stage.cancel()
+                for task, record in list(self._writes.items()):
                     task.cancel()
+                    self._finish(record)  # a task cancelled before it ran never gets to its finally
                 self._take()  # the buffer: dropped, as abandoned
                 for waiting in (self._ready, self._prepared):
                     while waiting is not None and not waiting.empty():
@@ -368,12 +280,19 @@ class MonitorWriter:
             loop.call_soon_threadsafe(cancel_all, context=contextvars.Context())
         except RuntimeError:  # pragma: no cover - the loop is closed
             return left
+        deadline = time.monotonic() + timeout
         done.wait(timeout)
-        self._pending.wait(timeout)
+        self._pending.wait(max(deadline - time.monotonic(), 0.0))
         return left
 
     def api_busy(self, api_url: str | None) -> bool:
-        """Whether the writer counts the API at ``api_url`` as busy now (see :class:`Pacer`)."""
+        """
+        Whether the writer counts the API at ``api_url`` as busy now (see :class:`Pacer`).
+
+        Returns
+        -------
+        bool
+        """
         pacer = self._pacers.get(api_url)
         return pacer is not None and pacer.busy
 
@@ -406,14 +325,16 @@ class MonitorWriter:
         self._slot = asyncio.Condition()
         if not self._holds:
             self._go.set()
-        self._tasks.add(loop.create_task(self._prepare_in_order(self._ready, self._prepared)))
-        self._tasks.add(loop.create_task(self._dispatch(self._prepared)))
+        self._stages = [
+            loop.create_task(self._prepare_in_order(self._ready, self._prepared)),
+            loop.create_task(self._dispatch(self._prepared)),
+        ]
         self._loop = loop
         ready.set()
         loop.run_forever()
 
     def _take(self) -> None:
-        """On the writer's loop: send the urgent records, queue the others for the dispatcher."""
+        """On the writer's loop: send the urgent records, queue the others for the stages."""
         with self._lock:
             batch = list(self._buffer)
             self._buffer.clear()
@@ -422,16 +343,13 @@ class MonitorWriter:
         for record in batch:
             if self._abandoned:
                 self._finish(record)
-                continue
-            if record.urgent:
+            elif record.urgent:
                 self._prepare(record)
                 self._send_event(record)
                 if record.build is None:
                     self._finish(record)
                 else:
-                    task = asyncio.ensure_future(self._write(record))
-                    self._writes.add(task)
-                    task.add_done_callback(self._writes.discard)
+                    self._start_write(record, None)
             else:
                 self._ready.put_nowait(record)
         del batch  # a sent record keeps nothing alive while the loop waits
@@ -445,11 +363,6 @@ class MonitorWriter:
                 logger.warning("Could not prepare a cudf-polars artifact: %s", exc)
             record.prepare = None
 
-    async def _until_quiet(self, record: Record) -> None:
-        """Wait until the engines are quiet, or the record has waited :data:`MAX_DELAY_S`."""
-        while not self.activity.quiet() and time.monotonic() - record.put_at < MAX_DELAY_S:
-            await asyncio.sleep(POLL_S)
-
     def _send_event(self, record: Record) -> None:
         if record.send is not None:
             try:
@@ -457,8 +370,13 @@ class MonitorWriter:
             except Exception as exc:
                 logger.warning("Could not emit a cudf-polars event: %s", exc)
 
+    async def _until_quiet(self, record: Record) -> None:
+        """Wait until the engines are quiet, or the record has waited :data:`MAX_DELAY_S`."""
+        while not self.activity.quiet() and time.monotonic() - record.put_at < MAX_DELAY_S:
+            await asyncio.sleep(POLL_S)
+
     async def _prepare_in_order(self, ready: asyncio.Queue[Record], prepared: asyncio.Queue[Record]) -> None:
-        """Print the records' plans, in order, while the engines are quiet (:class:`EngineActivity`)."""
+        """The first stage: print the records' plans, in order, while the engines are quiet."""
         while True:
             record = await ready.get()
             try:
@@ -471,7 +389,7 @@ class MonitorWriter:
             del record
 
     async def _dispatch(self, prepared: asyncio.Queue[Record]) -> None:
-        """Send the prepared records in order, unless held, as fast as the API keeps up (:class:`Pacer`)."""
+        """The second stage: send the records in order, unless held, as fast as the API keeps up."""
         assert self._go is not None and self._slot is not None
         while True:
             record = await prepared.get()
@@ -481,7 +399,7 @@ class MonitorWriter:
                 pacer = self._pacers.setdefault(record.api_url, Pacer())
                 async with self._slot:
                     await self._slot.wait_for(lambda: self._in_flight < pacer.concurrency)
-                await asyncio.sleep(pacer.wait_s())
+                await asyncio.sleep(pacer.wait_s(artifact=record.build is not None))
             except asyncio.CancelledError:
                 self._finish(record)  # abandoned: not sent
                 raise
@@ -489,40 +407,46 @@ class MonitorWriter:
             if record.build is None:
                 self._finish(record)
             else:
-                self._in_flight += 1
-                task = asyncio.ensure_future(self._write_paced(record, pacer))
-                self._writes.add(task)
-                task.add_done_callback(self._writes.discard)
+                self._start_write(record, pacer)
             del record
 
-    async def _write_paced(self, record: Record, pacer: Pacer) -> None:
-        try:
-            await self._write(record, pacer)
-        finally:
-            self._in_flight -= 1
-            assert self._slot is not None
-            async with self._slot:
-                self._slot.notify_all()
+    def _start_write(self, record: Record, pacer: Pacer | None) -> None:
+        if pacer is not None:
+            self._in_flight += 1
+        task = asyncio.ensure_future(self._write(record, pacer))
+        self._writes[task] = record
+        task.add_done_callback(self._written)
 
-    async def _write(self, record: Record, pacer: Pacer | None = None) -> None:
-        """Write the record's artifact (failures are logged); ``pacer`` learns how long the API took."""
+    def _written(self, task: asyncio.Future[Any]) -> None:
+        self._writes.pop(task, None)
+
+    async def _write(self, record: Record, pacer: Pacer | None) -> None:
+        """Write the record's artifact (failures are logged); a paced write tells ``pacer`` how long it took."""
+        started = time.monotonic()
+        failed = False
         try:
             if self._abandoned:
                 return
             assert record.build is not None
             artifact = record.build()
             client = await self._client(record.api_url)
+            started = time.monotonic()
             if record.urgent:
                 await client.create_artifact(artifact=artifact)
-                return
-            started = time.monotonic()
-            await write_result_artifact(client, artifact)
-            if pacer is not None:
-                pacer.took(time.monotonic() - started)
+            else:
+                await write_result_artifact(client, artifact)
         except Exception as exc:
+            failed = True
             logger.warning("Could not write a cudf-polars artifact: %s", exc)
         finally:
             self._finish(record)
+            if pacer is not None:
+                if not self._abandoned:
+                    pacer.took(time.monotonic() - started, failed=failed)
+                self._in_flight -= 1
+                assert self._slot is not None
+                async with self._slot:
+                    self._slot.notify_all()
 
     async def _client(self, api_url: Any) -> Any:
         client = self._clients.get(api_url)
@@ -540,6 +464,11 @@ class MonitorWriter:
         return client
 
     def _finish(self, record: Record) -> None:
+        """The record is sent, failed or dropped: its ``on_done`` runs and it stops counting (once)."""
+        with self._lock:
+            if record.finished:
+                return
+            record.finished = True
         try:
             if record.on_done is not None:
                 record.on_done()
@@ -559,11 +488,19 @@ async def write_result_artifact(client: Any, artifact: Any) -> None:
     ``POST /artifacts/`` through the client's ``request`` (its retries and
     authentication included).
 
+    Parameters
+    ----------
+    client : prefect.client.orchestration.PrefectClient
+        An entered client.
+    artifact : prefect.client.schemas.actions.ArtifactCreate
+        The artifact.
+
     Raises
     ------
     httpx.HTTPStatusError
-        When the API refuses the artifact (Prefect's client raises for an error
-        status; the caller logs it).
+        When the API refuses the artifact (Prefect's client raises for an error status).
+    httpx.HTTPError
+        When the request cannot be made (the API cannot be reached, a timeout).
     """
     await client.request("POST", "/artifacts/", json=artifact.model_dump(mode="json", exclude_unset=True))
 

@@ -7,8 +7,8 @@ exit hook closes every open session, after one ``RuntimeWarning`` naming the res
 were still live, and then drains the monitor's writer
 (:mod:`~prefect_cudf_polars.blocks.monitoring.writer`) at most
 :data:`EXIT_DRAIN_S` seconds (:data:`TERMINATED_DRAIN_S` after a session was
-ended by SIGTERM, so a cancelled flow run's process ends quickly). What is
-still unsent then is dropped, with one warning giving the count.
+ended by SIGTERM, so a cancelled flow run's process ends quickly). Then the
+writer stops: what is still unsent is dropped, with one warning giving the count.
 
 Order at exit (Prefect 3.9): ``threading._shutdown`` runs the callbacks
 registered with ``threading._register_atexit`` last-registered first, before
@@ -88,17 +88,18 @@ def _at_exit() -> None:
         except Exception as exc:  # pragma: no cover - the engine failed at exit
             console_logger().warning("cudf-polars engine session %s: teardown at exit failed: %s", session.id, exc)
     limit = TERMINATED_DRAIN_S if _state["terminated"] else EXIT_DRAIN_S
-    if WRITER.drain(limit):
-        return
-    # Prefect's events worker stops next: nothing of ours may write after it.
+    WRITER.drain(limit)
+    # Prefect's events worker stops next: nothing of ours may send after it, so the writer
+    # stops here whether or not the drain sent everything.
     dropped = WRITER.abandon()
-    console_logger().warning(
-        "%d cudf-polars monitoring records (events, artifacts) were not sent: the Prefect API had not taken "
-        "them %g s into the interpreter's exit. The flow runs' states and logs are not "
-        "affected; switch parts of the monitoring off (prefect_cudf_polars.blocks.monitoring."
-        "monitor.DEFAULT_OPTIONS) for flow runs with many results on a slow API.",
-        dropped, limit,
-    )
+    if dropped:
+        console_logger().warning(
+            "%d cudf-polars monitoring records (events, artifacts) were not sent within the "
+            "%g s exit drain (some may have reached the API). The flow runs' states and logs "
+            "are not affected; for flow runs with many results on a slow API, switch parts of "
+            "the monitoring off (prefect_cudf_polars.blocks.monitoring.monitor.DEFAULT_OPTIONS).",
+            dropped, limit,
+        )
 
 
 def _close_at_exit(session: EngineSession) -> None:

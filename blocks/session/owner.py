@@ -74,6 +74,7 @@ class OwnerThread:
     ) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._activity = activity
+        self._reported = False
         self._lock = threading.Lock()
         self._accepting = True
         self._ended_message = ended_message or (lambda: ENDED_MESSAGE)
@@ -90,8 +91,7 @@ class OwnerThread:
             future, fn, args, kwargs = item
             if not future.set_running_or_notify_cancel():
                 continue  # its caller gave up before it started
-            if self._activity is not None:
-                self._activity.started()
+            self._report_start()
             try:
                 value = fn(*args, **kwargs)
             except BaseException as exc:
@@ -99,9 +99,28 @@ class OwnerThread:
             else:
                 future.set_result(value)  # runs on_late here, before the next call
             finally:
-                if self._activity is not None:
-                    self._activity.ended()
+                self.disown_current_call()
             del item, future, fn, args, kwargs
+
+    def _report_start(self) -> None:
+        if self._activity is not None:
+            with self._lock:
+                self._reported = True
+            self._activity.started()
+
+    def disown_current_call(self) -> None:
+        """
+        Stop counting the call running now as engine activity (idempotent).
+
+        Called when it ends, and by a session that stopped waiting for a call
+        that does not end, so that the monitor's writer does not wait for it.
+        """
+        if self._activity is None:
+            return
+        with self._lock:
+            reported, self._reported = self._reported, False
+        if reported:
+            self._activity.ended()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         """

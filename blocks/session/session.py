@@ -458,6 +458,9 @@ class EngineSession:
                 self.teardown = "complete"
             else:
                 self._teardown_with_limit(live, limit)
+        except BaseException:
+            self.monitor.release()  # the writer must not stay held for the process's life
+            raise
         finally:
             self._deactivate()
             exit_hook.closed(self, terminating=terminating)
@@ -499,6 +502,7 @@ class EngineSession:
             return
         with self._lock:
             self._stopped = True  # later releases must not queue behind the stuck call
+        self._owner.disown_current_call()  # nor the monitor's writer wait for it
         self.teardown = f"stopped waiting after {limit:g} s while {self._teardown_step}"
         for result in live:
             result.mark_released()

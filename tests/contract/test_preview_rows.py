@@ -228,3 +228,33 @@ def test_a_row_limit_above_the_results_scan_keeps_slice_pushdown(orders):
 def test_a_row_limit_above_the_results_scan_runs_on_the_gpu(orders):
     got, _ = collect_top_customers(CudfPolarsEngine(backend="spmd", raise_on_fail=True), orders)
     assert_frame_equal(got, largest_customers(pl.scan_parquet(orders)).collect(), check_dtypes=False)
+
+
+#: Plans over a result's frame, and whether polars would push their row limit into a scan.
+LIMIT_FORMS = {
+    "head": (lambda lf: lf.head(2), True),
+    "select then head": (lambda lf: lf.select("id").head(2), True),
+    "head then filter on a literal with a newline": (lambda lf: lf.head(2).filter(pl.col("note") == "x\ny"), True),
+    "concat then head": (
+        lambda lf: pl.concat([lf.select(pl.col("id").cast(pl.Int64)), pl.LazyFrame({"id": [-1]})]).head(2), True
+    ),
+    "first": (lambda lf: lf.first(), True),
+    "SQL LIMIT": (lambda lf: pl.SQLContext(t=lf).execute("select id from t limit 2"), True),
+    "sort then head (top-k)": (lambda lf: lf.sort("amount").head(2), False),
+    "aggregate, sort, head": (lambda lf: largest_customers(lf), False),
+    "tail": (lambda lf: lf.tail(2), False),
+    "filter then head": (lambda lf: lf.filter(pl.col("amount") > 1).head(2), False),
+}
+
+
+@pytest.mark.parametrize("form", list(LIMIT_FORMS))
+def test_slice_pushdown_is_off_exactly_where_a_limit_would_reach_a_results_scan(cpu_block, orders, form):
+    from prefect_cudf_polars.blocks.backends.result_scans import engine_flags
+
+    build, pushed = LIMIT_FORMS[form]
+    with cpu_block.session() as session:
+        r = session.execute(pl.scan_parquet(orders).with_columns(note=pl.lit("x\ny")), name="orders")
+        lf = build(r.lazy())
+        assert engine_flags(lf).slice_pushdown is not pushed, lf.explain()
+        expected = build(pl.scan_parquet(orders).with_columns(note=pl.lit("x\ny"))).collect()
+        assert_frame_equal(session.collect(lf).sort(expected.columns), expected.sort(expected.columns))

@@ -1,10 +1,11 @@
 """
 A flow run whose result artifacts the Prefect API has not taken when the process exits (run as a file).
 
-The flow run produces ``RESULTS`` results; then the API is made slow for the
-writer (each artifact write waits ``SLOW_WRITE_S`` first) and the exit drain
-short (``EXIT_DRAIN_S``), so most artifacts are still unsent when the
-interpreter exits, the case of a flow run with many results on a busy API.
+The flow run produces ``RESULTS`` results while every artifact write waits
+``BLOCKED_WRITE_S`` seconds before it reaches the API (an API that does not
+answer), and the exit drain is short (``EXIT_DRAIN_S``), so the records are
+still unsent when the interpreter exits. Prints the time the flow run returned
+(``time.time()``), so the test can bound the exit.
 
 Usage: ``python exit_with_unsent_artifacts.py``
 """
@@ -12,6 +13,7 @@ Usage: ``python exit_with_unsent_artifacts.py``
 from __future__ import annotations
 
 import asyncio
+import time
 
 import polars as pl
 from prefect import flow
@@ -22,7 +24,7 @@ from prefect_cudf_polars.blocks.session import exit_hook
 from prefect_cudf_polars.tasks import execute
 
 RESULTS = 40
-SLOW_WRITE_S = 0.3
+BLOCKED_WRITE_S = 120.0
 
 
 @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
@@ -35,11 +37,11 @@ def many_results() -> int:
 if __name__ == "__main__":
     send = PrefectClient.request
 
-    async def slow_send(self, method, path, *args, **kwargs):
+    async def blocked_send(self, method, path, *args, **kwargs):
         if method == "POST" and path == "/artifacts/":
-            await asyncio.sleep(SLOW_WRITE_S)
+            await asyncio.sleep(BLOCKED_WRITE_S)
         return await send(self, method, path, *args, **kwargs)
 
-    PrefectClient.request = slow_send  # a busy API, for the writer's client only
+    PrefectClient.request = blocked_send  # an API that does not answer, for the writer's client only
     exit_hook.EXIT_DRAIN_S = 1.0
-    print("flow run returned", many_results(), flush=True)
+    print("flow run returned", many_results(), "at", time.time(), flush=True)

@@ -15,6 +15,7 @@ Usage: ``python flow_until_signalled.py EVIDENCE_DIR PARQUET_PATH``
 from __future__ import annotations
 
 import atexit
+import datetime
 import faulthandler
 import json
 import logging
@@ -52,7 +53,7 @@ def _log_to(evidence: Path) -> None:
 
 def _exit_mark(path: Path) -> None:
     with path.open("a") as log:
-        log.write(time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d} interpreter at its exit hooks\n")
+        log.write(datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3] + " interpreter at its exit hooks\n")
 
 
 #: Seconds after ready.json until the threads' stacks are dumped (then again each period).
