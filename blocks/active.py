@@ -33,11 +33,21 @@ if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.session.session import EngineSession
 
 NO_SESSION_MESSAGE = (
-    "No cudf-polars engine session is active for this flow run. Give the flow "
+    "No cudf-polars engine session is active {where}. Give the flow "
     "one: `@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(...)))`, or "
     "open one in the flow body: `with CudfPolarsEngine.load('name').session():`. "
     "GPU tasks must run inside that flow run, on its thread-pool task runner."
 )
+
+
+def no_session_message() -> str:
+    """:data:`NO_SESSION_MESSAGE` for where it is raised: in a flow run, or outside any."""
+    from prefect.context import FlowRunContext
+
+    in_flow_run = FlowRunContext.get() is not None
+    return NO_SESSION_MESSAGE.format(
+        where="for this flow run" if in_flow_run else "here, and no flow run is running"
+    )
 
 
 class SessionProvider(Protocol):
@@ -155,7 +165,7 @@ def get_engine_session() -> EngineSession:
     """
     provider = innermost_provider()
     if provider is None:
-        raise NoEngineSessionError(NO_SESSION_MESSAGE)
+        raise NoEngineSessionError(no_session_message())
     session = provider.provide_session()
     session.announce()
     return session

@@ -41,10 +41,17 @@ Developer notes
 * The thread starts with an empty context, so nothing it sends carries (or
   keeps alive) a flow run's context: every record names its runs by id.
 * Nothing here raises into a session: failures are logged at WARNING.
+* A ``KeyboardInterrupt`` raised on the writer's thread is the user's Ctrl-C
+  surfacing in the wrong thread: polars 1.44 raises ``KeyboardInterrupt``
+  from its own calls for a Ctrl-C the process received, on whichever thread
+  makes the call (here: a plan's rendering). The writer passes it to the main
+  thread (:func:`_thread.interrupt_main`), skips that record's step, and goes
+  on.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextvars
 import logging
@@ -62,6 +69,27 @@ from prefect_cudf_polars.blocks.monitoring.pacing import (
 )
 
 logger = logging.getLogger("prefect_cudf_polars.monitoring")
+
+
+#: Seconds within which further ``KeyboardInterrupt`` s on the writer's thread count as the
+#: same Ctrl-C: polars can raise one Ctrl-C from more than one call.
+SAME_INTERRUPT_S = 1.0
+_last_interrupt = [float("-inf")]
+
+
+def _pass_interrupt_to_main(doing: str) -> None:
+    """Raise a ``KeyboardInterrupt`` that surfaced on the writer's thread in the main thread instead (once per Ctrl-C)."""
+    now = time.monotonic()
+    again = now - _last_interrupt[0] < SAME_INTERRUPT_S
+    _last_interrupt[0] = now
+    if again:
+        return
+    logger.warning(
+        "A keyboard interrupt (Ctrl-C) surfaced on the cudf-polars monitor's thread while %s; "
+        "it is passed on to the main thread, and that record's step is skipped.",
+        doing,
+    )
+    _thread.interrupt_main()
 
 
 class Record:
@@ -359,6 +387,8 @@ class MonitorWriter:
         if record.prepare is not None:
             try:
                 record.prepare()
+            except KeyboardInterrupt:
+                _pass_interrupt_to_main("preparing a cudf-polars artifact")
             except Exception as exc:
                 logger.warning("Could not prepare a cudf-polars artifact: %s", exc)
             record.prepare = None
@@ -367,6 +397,8 @@ class MonitorWriter:
         if record.send is not None:
             try:
                 record.send()
+            except KeyboardInterrupt:
+                _pass_interrupt_to_main("emitting a cudf-polars event")
             except Exception as exc:
                 logger.warning("Could not emit a cudf-polars event: %s", exc)
 
@@ -435,6 +467,9 @@ class MonitorWriter:
                 await client.create_artifact(artifact=artifact)
             else:
                 await write_result_artifact(client, artifact)
+        except KeyboardInterrupt:
+            failed = True
+            _pass_interrupt_to_main("writing a cudf-polars artifact")
         except Exception as exc:
             failed = True
             logger.warning("Could not write a cudf-polars artifact: %s", exc)

@@ -197,3 +197,29 @@ def test_abandon_drops_what_is_unsent_and_cancels_the_writes_under_way(writer, a
     writer.put(late)
     assert writer.outstanding == 0 and done[-1] == 0 and len(done) == 7
     assert sent == [0, 1, 2, 3]  # the events of the records whose writes had started
+
+
+def test_a_keyboard_interrupt_on_the_writers_thread_reaches_the_main_thread_and_the_writer_goes_on(writer, caplog):
+    """
+    A Ctrl-C that polars raises on the writer's thread (rendering a plan) is raised in the main
+    thread instead, once even when two plans raise it; the writer sends on.
+    """
+
+    def interrupted_plan() -> None:
+        raise KeyboardInterrupt
+
+    sent: list[int] = []
+    first, second, third = _records(3, sent, artifacts=False)
+    first.prepare = second.prepare = interrupted_plan
+    with pytest.raises(KeyboardInterrupt):
+        writer.put(first)
+        writer.put(second)
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:  # the main thread's next bytecode raises it
+            time.sleep(0.01)
+    time.sleep(1.0)  # a second interrupt would be raised here, failing the test
+    writer.put(third)
+    assert writer.drain(10.0), "the writer stopped after the interrupt"
+    assert sent == [0, 1, 2], "an interrupted record's event, or the next record, was not sent"
+    assert writer.outstanding == 0
+    assert sum("passed on to the main thread" in r.getMessage() for r in caplog.records) == 1

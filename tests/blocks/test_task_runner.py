@@ -124,7 +124,7 @@ def test_no_session_means_a_clear_error_in_the_task():
     def no_session():
         return execute(pl.LazyFrame({"a": [1]}))
 
-    with pytest.raises(NoEngineSessionError, match="CudfPolarsTaskRunner"):
+    with pytest.raises(NoEngineSessionError, match="active for this flow run.*CudfPolarsTaskRunner"):
         no_session()
 
 
