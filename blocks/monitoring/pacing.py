@@ -32,9 +32,11 @@ BUSY_S = 0.5
 #: the next record that writes an artifact, so its writes take a fifth of one connection
 #: at most; a record with an event alone waits the last write's time once.
 BUSY_WAIT_FACTOR = 4.0
-#: Most seconds the writer waits between two records while the API is busy; a busy API
-#: with no new write for this long counts as quick again.
+#: Most seconds the writer waits between two records while the API is busy.
 MAX_WAIT_S = 5.0
+#: Seconds without an artifact write after which a busy API counts as quick again: twice
+#: :data:`MAX_WAIT_S`, so that the writer's own longest wait never ends a busy spell.
+QUICK_AGAIN_S = 2 * MAX_WAIT_S
 #: Seconds without an engine call after which the engines count as quiet.
 QUIET_S = 0.1
 #: Most seconds a record waits for the engines to be quiet.
@@ -94,7 +96,7 @@ class Pacer:
     the writer keeps one write in flight and waits :data:`BUSY_WAIT_FACTOR`
     times the last write's time before the next record with an artifact, and
     the last write's time once before a record with an event alone. One write
-    answered within :data:`BUSY_S`, or :data:`MAX_WAIT_S` without a write,
+    answered within :data:`BUSY_S`, or :data:`QUICK_AGAIN_S` without a write,
     makes it quick again.
 
     Attributes
@@ -120,13 +122,13 @@ class Pacer:
             The API did not take the artifact (it counts as a slow write).
         """
         self.last_s = max(seconds, BUSY_S) if failed else seconds
-        self._slow_in_a_row = self._slow_in_a_row + 1 if self.last_s > BUSY_S else 0
+        self._slow_in_a_row = self._slow_in_a_row + 1 if failed or seconds > BUSY_S else 0
         self._last_at = time.monotonic()
 
     @property
     def busy(self) -> bool:
-        """The last two writes were slow, and the last one was less than :data:`MAX_WAIT_S` seconds ago."""
-        return self._slow_in_a_row >= 2 and time.monotonic() - self._last_at < MAX_WAIT_S
+        """The last two writes were slow (or failed), and the last one ended less than :data:`QUICK_AGAIN_S` seconds ago."""
+        return self._slow_in_a_row >= 2 and time.monotonic() - self._last_at < QUICK_AGAIN_S
 
     @property
     def concurrency(self) -> int:

@@ -33,7 +33,7 @@ Developer notes
   Prefect's events worker drains (see
   :mod:`~prefect_cudf_polars.blocks.session.exit_hook`); for that,
   :func:`ensure_events_worker` starts Prefect's events worker before that
-  hook is registered. Then the writer stops (:meth:`MonitorWriter.abandon`):
+  hook is registered. Then the writer stops sending (:meth:`MonitorWriter.abandon`):
   what the drain did not send is dropped, with one warning giving the count,
   and the writes under way are cancelled, before Prefect's own events worker
   stops: a write finishing later would ask Prefect for an events worker after

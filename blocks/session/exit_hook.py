@@ -88,10 +88,14 @@ def _at_exit() -> None:
         except Exception as exc:  # pragma: no cover - the engine failed at exit
             console_logger().warning("cudf-polars engine session %s: teardown at exit failed: %s", session.id, exc)
     limit = TERMINATED_DRAIN_S if _state["terminated"] else EXIT_DRAIN_S
-    WRITER.drain(limit)
-    # Prefect's events worker stops next: nothing of ours may send after it, so the writer
-    # stops here whether or not the drain sent everything.
-    dropped = WRITER.abandon()
+    try:
+        WRITER.drain(limit)
+    except KeyboardInterrupt:
+        pass  # a Ctrl-C at exit ends the drain: what is left is dropped below, and Prefect's own drains still run
+    finally:
+        # Prefect's events worker stops next: nothing of ours may send after it, so the
+        # writer stops sending here whether or not the drain sent everything.
+        dropped = WRITER.abandon()
     if dropped:
         console_logger().warning(
             "%d cudf-polars monitoring records (events, artifacts) were not sent within the "

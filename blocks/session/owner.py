@@ -104,9 +104,11 @@ class OwnerThread:
 
     def _report_start(self) -> None:
         if self._activity is not None:
+            # Under the lock, with disown_current_call's ended(): the two never interleave,
+            # so a call is counted once and uncounted once.
             with self._lock:
                 self._reported = True
-            self._activity.started()
+                self._activity.started()
 
     def disown_current_call(self) -> None:
         """
@@ -119,8 +121,8 @@ class OwnerThread:
             return
         with self._lock:
             reported, self._reported = self._reported, False
-        if reported:
-            self._activity.ended()
+            if reported:
+                self._activity.ended()
 
     def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
         """

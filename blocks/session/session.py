@@ -449,27 +449,28 @@ class EngineSession:
         started = time.monotonic()
         self.monitor.ending()
         try:
-            still = self._served.wait(limit)
-            live = self._registry.close()
-            self._closed = True
-            if self._owner is None or self._stopped or self._engine() is None:
-                for result in self._registry.holding():
-                    result.release()
-                self.teardown = "complete"
-            else:
-                self._teardown_with_limit(live, limit)
+            try:
+                still = self._served.wait(limit)
+                live = self._registry.close()
+                self._closed = True
+                if self._owner is None or self._stopped or self._engine() is None:
+                    for result in self._registry.holding():
+                        result.release()
+                    self.teardown = "complete"
+                else:
+                    self._teardown_with_limit(live, limit)
+            finally:
+                self._deactivate()
+                exit_hook.closed(self, terminating=terminating)
+            summary = self.summary()
+            self._log.log(logging.INFO, *lines.end_line(summary))
+            if still:
+                self._log.log(logging.WARNING, lines.SERVED_WARNING, self.id, still, limit)
+            if self.teardown != "complete":
+                self._log.log(logging.WARNING, lines.TEARDOWN_WARNING, self.teardown)
         except BaseException:
             self.monitor.release()  # the writer must not stay held for the process's life
             raise
-        finally:
-            self._deactivate()
-            exit_hook.closed(self, terminating=terminating)
-        summary = self.summary()
-        self._log.log(logging.INFO, *lines.end_line(summary))
-        if still:
-            self._log.log(logging.WARNING, lines.SERVED_WARNING, self.id, still, limit)
-        if self.teardown != "complete":
-            self._log.log(logging.WARNING, lines.TEARDOWN_WARNING, self.teardown)
         # The whole end waits at most END_WAIT_S for the monitor (teardown included).
         wait = max(END_WAIT_S - (time.monotonic() - started), 0.1)
         self.monitor.ended(summary, dashboard=self.description.get("dashboard"), wait=wait)

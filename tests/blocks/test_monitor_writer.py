@@ -205,15 +205,19 @@ def test_a_keyboard_interrupt_on_the_writers_thread_reaches_the_main_thread_and_
     thread instead, once even when two plans raise it; the writer sends on.
     """
 
+    both_put = threading.Event()
+
     def interrupted_plan() -> None:
+        both_put.wait(30.0)  # the interrupt must not land inside put()
         raise KeyboardInterrupt
 
     sent: list[int] = []
     first, second, third = _records(3, sent, artifacts=False)
     first.prepare = second.prepare = interrupted_plan
+    writer.put(first)
+    writer.put(second)
     with pytest.raises(KeyboardInterrupt):
-        writer.put(first)
-        writer.put(second)
+        both_put.set()
         deadline = time.monotonic() + 30.0
         while time.monotonic() < deadline:  # the main thread's next bytecode raises it
             time.sleep(0.01)
