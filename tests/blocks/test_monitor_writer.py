@@ -6,6 +6,7 @@ on its own thread, ahead of the artifact's API write and while the session is st
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -47,7 +48,9 @@ def test_the_writer_prints_a_results_plan_when_it_takes_the_record_before_the_se
                 while not printed and time.monotonic() < deadline:
                     time.sleep(0.01)
                 seen["while_open"] = list(printed)
-                seen["written"] = [a for a in artifacts_of(flow_run_id=flow_run_id) if a.task_run_id is not None]
+                seen["written"] = [
+                    a for a in artifacts_of(flow_run_id=flow_run_id, settled=False) if a.task_run_id is not None
+                ]
             finally:
                 WRITER.release()
 
@@ -199,12 +202,16 @@ def test_abandon_drops_what_is_unsent_and_cancels_the_writes_under_way(writer, a
     assert sent == [0, 1, 2, 3]  # the events of the records whose writes had started
 
 
-def test_a_keyboard_interrupt_on_the_writers_thread_reaches_the_main_thread_and_the_writer_goes_on(writer, caplog):
+def test_a_keyboard_interrupt_on_the_writers_thread_reaches_the_main_thread_and_the_writer_goes_on(writer, caplog, request):
     """
     A Ctrl-C that polars raises on the writer's thread (rendering a plan) is raised in the main
     thread instead, once even when two plans raise it; the writer sends on.
     """
 
+    # The writer raises the interrupt through the process's SIGINT handler, as a Ctrl-C would:
+    # the test runs with Python's default one, whatever an earlier test or library installed.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     both_put = threading.Event()
 
     def interrupted_plan() -> None:
