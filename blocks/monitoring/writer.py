@@ -77,7 +77,7 @@ SAME_INTERRUPT_S = 1.0
 _last_interrupt = [float("-inf")]
 
 
-def _pass_interrupt_to_main(doing: str) -> None:
+def _pass_interrupt_to_main(step: str) -> None:
     """Raise a ``KeyboardInterrupt`` that surfaced on the writer's thread in the main thread instead (once per Ctrl-C)."""
     now = time.monotonic()
     again = now - _last_interrupt[0] < SAME_INTERRUPT_S
@@ -85,11 +85,21 @@ def _pass_interrupt_to_main(doing: str) -> None:
     if again:
         return
     logger.warning(
-        "A keyboard interrupt (Ctrl-C) surfaced on the cudf-polars monitor's thread while %s; "
+        "A keyboard interrupt (Ctrl-C) surfaced on the cudf-polars monitor's thread as it tried to %s; "
         "it is passed on to the main thread, and that record's step is skipped.",
-        doing,
+        step,
     )
     _thread.interrupt_main()
+
+
+def _run_step(fn: Callable[[], None], step: str) -> None:
+    """Run one step of a record on the writer's thread: a failure is logged, a Ctrl-C passed to the main thread."""
+    try:
+        fn()
+    except KeyboardInterrupt:
+        _pass_interrupt_to_main(step)
+    except Exception as exc:
+        logger.warning("Could not %s: %s", step, exc)
 
 
 class Record:
@@ -385,22 +395,12 @@ class MonitorWriter:
 
     def _prepare(self, record: Record) -> None:
         if record.prepare is not None:
-            try:
-                record.prepare()
-            except KeyboardInterrupt:
-                _pass_interrupt_to_main("preparing a cudf-polars artifact")
-            except Exception as exc:
-                logger.warning("Could not prepare a cudf-polars artifact: %s", exc)
+            _run_step(record.prepare, "prepare a cudf-polars artifact")
             record.prepare = None
 
     def _send_event(self, record: Record) -> None:
         if record.send is not None:
-            try:
-                record.send()
-            except KeyboardInterrupt:
-                _pass_interrupt_to_main("emitting a cudf-polars event")
-            except Exception as exc:
-                logger.warning("Could not emit a cudf-polars event: %s", exc)
+            _run_step(record.send, "emit a cudf-polars event")
 
     async def _until_quiet(self, record: Record) -> None:
         """Wait until the engines are quiet, or the record has waited :data:`MAX_DELAY_S`."""
@@ -469,7 +469,7 @@ class MonitorWriter:
                 await write_result_artifact(client, artifact)
         except KeyboardInterrupt:
             failed = True
-            _pass_interrupt_to_main("writing a cudf-polars artifact")
+            _pass_interrupt_to_main("write a cudf-polars artifact")
         except Exception as exc:
             failed = True
             logger.warning("Could not write a cudf-polars artifact: %s", exc)
