@@ -5,7 +5,7 @@ How much a flow run's end costs with many GPU results: the engine session's end 
 
     python -m benchmarks.session_end --results 1000 --backend cpu --out output/bench/session_end.json
 
-Two flow runs of the same shape, each ``.submit()``-ing N tasks that each run a small
+Flow runs of the same shape, each ``.submit()``-ing N tasks that each run a small
 query (1,000 rows) and waiting for all of them in the flow body:
 
 * ``ours``: a ``gpu_task`` returning a ``GPUResult`` on ``CudfPolarsTaskRunner(block)``;
@@ -27,6 +27,21 @@ Figures (seconds, ``time.perf_counter``):
   flow run's end, Prefect's own end work included (on a small machine with a local API,
   that work is slowed by the API writing the run's events and artifacts in the
   background). Goal: at most 1 s for 1,000 results on a 2-core machine.
+
+Each flow run starts once the API holds every task run of the one before as Completed
+(``settle_s``: the seconds that took, not part of any other figure).
+
+A third flow run, ``ours_monitor_off``, is ``ours`` with the session monitor switched off
+(no result artifacts, plans, events or summary artifact), run between the other two:
+
+* ``monitor_end_added_s`` = ``ours.end_s - ours_monitor_off.end_s``: what the monitor
+  (every result's artifact and events, written in the background) adds to the flow run's
+  end; the rest of ``session_end_added_s`` is what GPU task runs cost Prefect's own end
+  over plain ones.
+
+Prefect 3.9.1 adds 0 to 1 s at random to every flow run's ``end_s``: its flow engine joins
+the flow run's heartbeat thread, which sleeps in steps of 1 s. Compare medians of several
+runs, not single runs.
 
 The Prefect API is the one ``PREFECT_API_URL`` names, else Prefect's ephemeral local API.
 Prints the JSON it writes to ``--out``.
@@ -64,6 +79,8 @@ from prefect_cudf_polars.tasks import gpu_task  # noqa: E402
 ROWS = 1_000
 #: Most artifacts the API returns per read.
 PAGE = 200
+#: Most seconds to wait, after a flow run, for the API to hold its task runs as Completed.
+SETTLE_TIMEOUT_S = 180.0
 
 
 def small_query(i: int) -> pl.LazyFrame:
@@ -113,6 +130,37 @@ def _timed_flow(step: Any, results: int, runner: Any, name: str) -> dict[str, An
     return figures
 
 
+def _settle(flow_run_id: str, results: int, timeout: float) -> float:
+    """
+    Wait until the API holds the flow run's ``results`` task runs as Completed; the seconds waited.
+
+    Prefect 3.9 records task runs from their events, after the flow run ended; the next
+    flow run then starts on an API that has taken in everything of this one (on a small
+    machine a busy local API slows the next flow run, or refuses to create it: 503).
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    flt = TaskRunFilter(
+        flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]),
+        state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.COMPLETED])),
+    )
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        with get_client(sync_client=True) as client:
+            # One row at offset results - 1 exists once all the task runs are recorded.
+            if client.read_task_runs(task_run_filter=flt, offset=results - 1, limit=1):
+                break
+        time.sleep(0.5)
+    return time.perf_counter() - started
+
+
 def _wait_for_result_artifacts(flow_run_id: str, results: int, timeout: float) -> float | None:
     """``time.perf_counter()`` when ``results`` task-run artifacts of the flow run exist; ``None`` past ``timeout``."""
     from prefect.client.orchestration import get_client
@@ -138,10 +186,27 @@ def _wait_for_result_artifacts(flow_run_id: str, results: int, timeout: float) -
     return None
 
 
+#: The session monitor with every part switched off (the ``ours_monitor_off`` flow run).
+MONITOR_OFF = monitor.MonitorOptions(result_artifacts=False, plans=False, events=False, summary_artifact=False)
+
+
+def _timed_flow_monitor_off(results: int, block: CudfPolarsEngine) -> dict[str, Any]:
+    """``ours`` with the session monitor switched off (its options restored after)."""
+    options = monitor.DEFAULT_OPTIONS
+    monitor.DEFAULT_OPTIONS = MONITOR_OFF
+    try:
+        return _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), "session-end-ours-monitor-off")
+    finally:
+        monitor.DEFAULT_OPTIONS = options
+
+
 def measure(results: int, backend: str, artifact_timeout: float) -> dict[str, Any]:
-    """Run both flow runs and return the figures (see the module docstring)."""
+    """Run the three flow runs and return the figures (see the module docstring)."""
     block = CudfPolarsEngine(backend=backend, raise_on_fail=True)
     plain = _timed_flow(plain_step, results, ThreadPoolTaskRunner(), "session-end-plain")
+    plain["settle_s"] = _settle(plain["flow_run_id"], results, SETTLE_TIMEOUT_S)
+    monitor_off = _timed_flow_monitor_off(results, block)
+    monitor_off["settle_s"] = _settle(monitor_off["flow_run_id"], results, SETTLE_TIMEOUT_S)
     ours = _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), "session-end-ours")
     found_at = (
         _wait_for_result_artifacts(ours["flow_run_id"], results, artifact_timeout)
@@ -149,14 +214,16 @@ def measure(results: int, backend: str, artifact_timeout: float) -> dict[str, An
         else None
     )
     ours["artifacts_s"] = None if found_at is None else found_at - ours["returned_at"]
-    for run in (plain, ours):
+    for run in (plain, monitor_off, ours):
         del run["returned_at"]
     return {
         "results": results,
         "backend": backend,
         "plain": plain,
+        "ours_monitor_off": monitor_off,
         "ours": ours,
         "session_end_added_s": ours["end_s"] - plain["end_s"],
+        "monitor_end_added_s": ours["end_s"] - monitor_off["end_s"],
         "monitoring": dataclasses.asdict(monitor.DEFAULT_OPTIONS),
         "cpus": os.cpu_count(),
     }
