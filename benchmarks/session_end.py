@@ -20,7 +20,7 @@ Figures (seconds, ``time.perf_counter``):
   end, result releases, end line, summary artifact, ``engine.stopped``);
 * ``artifacts_s`` (``ours``): flow call's return to the last of the N result artifacts
   readable through the API (artifacts written in the background after the run ended);
-* ``session_close_s`` (``ours``): the part of ``end_s`` spent in the session's own end
+* ``session_close_s`` (``ours`` and ``ours_monitor_off``): the part of ``end_s`` spent in the session's own end
   (``EngineSession.close``: teardown, and the wait of at most 1 s for its summary
   artifact and ``engine.stopped``);
 * ``session_end_added_s`` = ``ours.end_s - plain.end_s``: what our session adds to the
