@@ -36,8 +36,8 @@ A third flow run, ``ours_monitor_off``, is ``ours`` with the session monitor swi
 
 * ``monitor_end_added_s`` = ``ours.end_s - ours_monitor_off.end_s``: what the monitor
   (every result's artifact and events, written in the background) adds to the flow run's
-  end; the rest of ``session_end_added_s`` is what GPU task runs cost Prefect's own end
-  over plain ones.
+  end, with the flow runs in this fixed order (plain, monitor off, ours), so a run-order
+  effect is not separated from it.
 
 Prefect 3.9.1 adds 0 to 1 s at random to every flow run's ``end_s``: its flow engine joins
 the flow run's heartbeat thread, which sleeps in steps of 1 s. Compare medians of several
