@@ -29,15 +29,22 @@ Figures (seconds, ``time.perf_counter``):
   background). Goal: at most 1 s for 1,000 results on a 2-core machine.
 
 Each flow run starts once the API holds every task run of the one before as Completed
-(``settle_s``: the seconds that took, not part of any other figure).
+(``settle_s``: the seconds that took, not part of any other figure; ``settled`` is false
+where that took longer than ``SETTLE_TIMEOUT_S`` and the next flow run started anyway).
 
 A third flow run, ``ours_monitor_off``, is ``ours`` with the session monitor switched off
 (no result artifacts, plans, events or summary artifact), run between the other two:
 
 * ``monitor_end_added_s`` = ``ours.end_s - ours_monitor_off.end_s``: what the monitor
   (every result's artifact and events, written in the background) adds to the flow run's
-  end, with the flow runs in this fixed order (plain, monitor off, ours), so a run-order
-  effect is not separated from it.
+  end.
+
+``--order`` sets the order of the three flow runs (default ``plain,ours_monitor_off,ours``);
+vary it across runs of the benchmark so that a run-order effect does not pass for a cost.
+``--warmup N`` first runs each of the three with N results (default 20, not measured), so
+that the first measured flow run does not pay for first calls (imports, the API's caches).
+The JSON records the order, the warm-up, the monitor's options and the machine
+(``benchmarks.machine.describe()``: CPU, Python, package versions).
 
 Prefect 3.9.1 adds 0 to 1 s at random to every flow run's ``end_s``: its flow engine joins
 the flow run's heartbeat thread, which sleeps in steps of 1 s. Compare medians of several
@@ -61,7 +68,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 # Before Prefect is imported: the ephemeral API's first start migrates its database,
 # which can take tens of seconds on a small machine (Prefect's default timeout is shorter).
@@ -72,6 +79,7 @@ from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 from prefect.task_runners import ThreadPoolTaskRunner  # noqa: E402
 
+from benchmarks import machine  # noqa: E402
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session  # noqa: E402
 from prefect_cudf_polars.blocks.monitoring import monitor  # noqa: E402
 from prefect_cudf_polars.tasks import gpu_task  # noqa: E402
@@ -130,15 +138,33 @@ def _timed_flow(step: Any, results: int, runner: Any, name: str) -> dict[str, An
     return figures
 
 
-def _settle(flow_run_id: str, results: int, timeout: float) -> float:
+def _poll(ready: Callable[[Any], bool], timeout: float) -> tuple[float, bool]:
     """
-    Wait until the API holds the flow run's ``results`` task runs as Completed; the seconds waited.
+    Call ``ready(client)`` every 0.5 s until it is true or ``timeout`` seconds pass.
+
+    Returns the seconds waited, and whether ``ready`` became true within ``timeout``.
+    """
+    from prefect.client.orchestration import get_client
+
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout:
+        with get_client(sync_client=True) as client:
+            if ready(client):
+                return time.perf_counter() - started, True
+        time.sleep(0.5)
+    return time.perf_counter() - started, False
+
+
+def _settle(flow_run_id: str, results: int, timeout: float) -> tuple[float, bool]:
+    """
+    Wait until the API holds the flow run's ``results`` task runs as Completed.
+
+    Returns the seconds waited, and whether they were all there before ``timeout`` seconds.
 
     Prefect 3.9 records task runs from their events, after the flow run ended; the next
     flow run then starts on an API that has taken in everything of this one (on a small
     machine a busy local API slows the next flow run, or refuses to create it: 503).
     """
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         TaskRunFilter,
         TaskRunFilterFlowRunId,
@@ -151,19 +177,16 @@ def _settle(flow_run_id: str, results: int, timeout: float) -> float:
         flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]),
         state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.COMPLETED])),
     )
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout:
-        with get_client(sync_client=True) as client:
-            # One row at offset results - 1 exists once all the task runs are recorded.
-            if client.read_task_runs(task_run_filter=flt, offset=results - 1, limit=1):
-                break
-        time.sleep(0.5)
-    return time.perf_counter() - started
+    # One row at offset results - 1 exists once all the task runs are recorded.
+    return _poll(lambda client: bool(client.read_task_runs(task_run_filter=flt, offset=results - 1, limit=1)), timeout)
 
 
-def _wait_for_result_artifacts(flow_run_id: str, results: int, timeout: float) -> float | None:
-    """``time.perf_counter()`` when ``results`` task-run artifacts of the flow run exist; ``None`` past ``timeout``."""
-    from prefect.client.orchestration import get_client
+def _wait_for_result_artifacts(flow_run_id: str, results: int, timeout: float) -> tuple[float, bool]:
+    """
+    Wait until the API holds ``results`` task-run artifacts of the flow run.
+
+    Returns the seconds waited, and whether they were all there before ``timeout`` seconds.
+    """
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
@@ -174,64 +197,106 @@ def _wait_for_result_artifacts(flow_run_id: str, results: int, timeout: float) -
         flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
         task_run_id=ArtifactFilterTaskRunId(is_null_=False),
     )
-    started = time.perf_counter()
-    while time.perf_counter() - started < timeout:
+
+    def all_there(client: Any) -> bool:
         found = 0
-        with get_client(sync_client=True) as client:
-            while page := client.read_artifacts(artifact_filter=flt, limit=PAGE, offset=found):
-                found += len(page)
-        if found >= results:
-            return time.perf_counter()
-        time.sleep(0.5)
-    return None
+        while page := client.read_artifacts(artifact_filter=flt, limit=PAGE, offset=found):
+            found += len(page)
+        return found >= results
+
+    return _poll(all_there, timeout)
 
 
 #: The session monitor with every part switched off (the ``ours_monitor_off`` flow run).
 MONITOR_OFF = monitor.MonitorOptions(result_artifacts=False, plans=False, events=False, summary_artifact=False)
 
 
-def _timed_flow_monitor_off(results: int, block: CudfPolarsEngine) -> dict[str, Any]:
-    """``ours`` with the session monitor switched off (its options restored after)."""
+#: The three flow runs, in their default order.
+KINDS = ("plain", "ours_monitor_off", "ours")
+
+
+def _run_kind(kind: str, results: int, block: CudfPolarsEngine, prefix: str = "session-end") -> dict[str, Any]:
+    """One flow run of ``kind`` (see :data:`KINDS`) with ``results`` tasks."""
+    if kind == "plain":
+        return _timed_flow(plain_step, results, ThreadPoolTaskRunner(), f"{prefix}-plain")
+    if kind == "ours":
+        return _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), f"{prefix}-ours")
+    # ``ours`` with the session monitor switched off (its options restored after).
     options = monitor.DEFAULT_OPTIONS
     monitor.DEFAULT_OPTIONS = MONITOR_OFF
     try:
-        return _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), "session-end-ours-monitor-off")
+        return _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), f"{prefix}-ours-monitor-off")
     finally:
         monitor.DEFAULT_OPTIONS = options
 
 
-def measure(results: int, backend: str, artifact_timeout: float) -> dict[str, Any]:
-    """Run the three flow runs and return the figures (see the module docstring)."""
+def measure(
+    results: int,
+    backend: str,
+    artifact_timeout: float,
+    order: tuple[str, ...] = KINDS,
+    warmup: int = 0,
+) -> dict[str, Any]:
+    """
+    Run the three flow runs in ``order`` and return the figures (see the module docstring).
+
+    With ``warmup`` > 0, each of the three first runs once with ``warmup`` results, unmeasured.
+    """
+    if sorted(order) != sorted(KINDS):
+        raise ValueError(f"order must name each of {', '.join(KINDS)} once, got {', '.join(order)}")
     block = CudfPolarsEngine(backend=backend, raise_on_fail=True)
-    plain = _timed_flow(plain_step, results, ThreadPoolTaskRunner(), "session-end-plain")
-    plain["settle_s"] = _settle(plain["flow_run_id"], results, SETTLE_TIMEOUT_S)
-    monitor_off = _timed_flow_monitor_off(results, block)
-    monitor_off["settle_s"] = _settle(monitor_off["flow_run_id"], results, SETTLE_TIMEOUT_S)
-    ours = _timed_flow(gpu_step, results, CudfPolarsTaskRunner(block), "session-end-ours")
-    found_at = (
-        _wait_for_result_artifacts(ours["flow_run_id"], results, artifact_timeout)
-        if monitor.DEFAULT_OPTIONS.result_artifacts
-        else None
-    )
-    ours["artifacts_s"] = None if found_at is None else found_at - ours["returned_at"]
-    for run in (plain, monitor_off, ours):
+    if warmup > 0:
+        for kind in order:
+            run = _run_kind(kind, warmup, block, prefix="session-end-warmup")
+            _settle(run["flow_run_id"], warmup, SETTLE_TIMEOUT_S)
+    runs: dict[str, dict[str, Any]] = {}
+    for position, kind in enumerate(order):
+        run = runs[kind] = _run_kind(kind, results, block)
+        if kind == "ours":
+            run["artifacts_s"] = None
+            if monitor.DEFAULT_OPTIONS.result_artifacts:
+                _, found = _wait_for_result_artifacts(run["flow_run_id"], results, artifact_timeout)
+                if found:
+                    run["artifacts_s"] = time.perf_counter() - run["returned_at"]
+        if position < len(order) - 1:
+            run["settle_s"], run["settled"] = _settle(run["flow_run_id"], results, SETTLE_TIMEOUT_S)
+    for run in runs.values():
         del run["returned_at"]
     return {
         "results": results,
         "backend": backend,
-        "plain": plain,
-        "ours_monitor_off": monitor_off,
-        "ours": ours,
-        "session_end_added_s": ours["end_s"] - plain["end_s"],
-        "monitor_end_added_s": ours["end_s"] - monitor_off["end_s"],
+        "order": list(order),
+        "warmup_results": warmup,
+        **runs,
+        "session_end_added_s": runs["ours"]["end_s"] - runs["plain"]["end_s"],
+        "monitor_end_added_s": runs["ours"]["end_s"] - runs["ours_monitor_off"]["end_s"],
         "monitoring": dataclasses.asdict(monitor.DEFAULT_OPTIONS),
         "cpus": os.cpu_count(),
+        "machine": machine.describe(),
     }
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _order(text: str) -> tuple[str, ...]:
+    order = tuple(part.strip() for part in text.split(","))
+    if sorted(order) != sorted(KINDS):
+        raise argparse.ArgumentTypeError(f"name each of {', '.join(KINDS)} once, comma-separated; got {text!r}")
+    return order
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=int, default=1000, help="GPU tasks (results) in the flow run")
+    parser.add_argument("--results", type=_positive, default=1000, help="GPU tasks (results) in the flow run")
+    parser.add_argument("--order", type=_order, default=KINDS,
+                        help="order of the flow runs, comma-separated (default: plain,ours_monitor_off,ours)")
+    parser.add_argument("--warmup", type=int, default=20,
+                        help="results of the unmeasured warm-up flow run of each kind (0: none)")
     parser.add_argument("--backend", default="cpu", help="engine block backend: cpu, spmd, dask, ray, auto")
     parser.add_argument("--artifact-timeout", type=float, default=900.0,
                         help="seconds to wait for the result artifacts after the flow run")
@@ -245,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         events=not args.no_events,
         summary_artifact=not args.no_summary_artifact,
     )
-    figures = measure(args.results, args.backend, args.artifact_timeout)
+    figures = measure(args.results, args.backend, args.artifact_timeout, order=args.order, warmup=args.warmup)
     text = json.dumps(figures, indent=2)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

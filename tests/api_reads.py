@@ -142,11 +142,6 @@ def _poll_events(flt: Any, *, expect: dict[str, int], timeout: float) -> list[An
         time.sleep(0.5)
 
 
-def related_ids(event: Any, role: str) -> list[str]:
-    """Ids of an event's related resources of one role."""
-    return [r.id for r in event.related if r.role == role]
-
-
 def flow_runs_of_flow(flow_name: str) -> list[Any]:
     """The flow runs of the flow named ``flow_name``, oldest first (for a flow whose call raised)."""
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
