@@ -242,8 +242,7 @@ def measure(
 
     With ``warmup`` > 0, each of the three first runs once with ``warmup`` results, unmeasured.
     """
-    if sorted(order) != sorted(KINDS):
-        raise ValueError(f"order must name each of {', '.join(KINDS)} once, got {', '.join(order)}")
+    _check_order(order)
     block = CudfPolarsEngine(backend=backend, raise_on_fail=True)
     if warmup > 0:
         for kind in order:
@@ -276,6 +275,12 @@ def measure(
     }
 
 
+def _check_order(order: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless ``order`` names each of :data:`KINDS` once."""
+    if sorted(order) != sorted(KINDS):
+        raise ValueError(f"order must name each of {', '.join(KINDS)} once, comma-separated; got {', '.join(order)}")
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -285,8 +290,10 @@ def _positive(text: str) -> int:
 
 def _order(text: str) -> tuple[str, ...]:
     order = tuple(part.strip() for part in text.split(","))
-    if sorted(order) != sorted(KINDS):
-        raise argparse.ArgumentTypeError(f"name each of {', '.join(KINDS)} once, comma-separated; got {text!r}")
+    try:
+        _check_order(order)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return order
 
 
