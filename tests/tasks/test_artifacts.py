@@ -1,4 +1,8 @@
-"""What a GPU task shows in the UI: its task run's name and its result artifact, read back through the API."""
+"""
+What GPU tasks show in the UI, read back through the API: task run names, the flow run's session
+summary listing every result, the ``result.created`` events' facts, and, with the block's
+``result_artifacts``, one artifact per result on the task run that produced it.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import re
 import polars as pl
 from prefect import flow
 
-from api_reads import artifacts_of, task_runs_of
+from api_reads import artifacts_of, events_of, task_runs_of
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks import telemetry
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 
 
@@ -17,10 +22,43 @@ def busy_customers(orders_result: GPUResult) -> pl.LazyFrame:
     return orders_result.lazy().group_by("customer").agg(pl.len().alias("orders"))
 
 
+@gpu_task
+def customer_orders(path: str, customer: int) -> pl.LazyFrame:
+    return pl.scan_parquet(path).filter(pl.col("customer") == customer)
+
+
 def _run(flow_fn):
     state = flow_fn(return_state=True)
     assert state.is_completed(), state
     return state.state_details.flow_run_id
+
+
+def summary_text(flow_run_id, flow_name: str) -> str:
+    """The markdown of the flow run's session summary artifact."""
+    [summary] = artifacts_of(flow_run_id=flow_run_id, key=telemetry.summary_key(flow_name))
+    assert summary.type == "markdown" and summary.task_run_id is None
+    return summary.data
+
+
+def summary_results(text: str) -> list[dict[str, str]]:
+    """The rows of the summary's "Results (N)" table, each as a dict of its columns; checks N."""
+    header = re.search(r"^#### Results \((\d+)\)$", text, re.MULTILINE)
+    assert header, f"no Results table in:\n{text}"
+    lines = text[header.end():].strip().splitlines()
+    columns = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert columns == ["result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s"], lines[0]
+    rows = [
+        dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        for line in lines[2:] if line.startswith("|")
+    ]
+    assert len(rows) == int(header[1]), text
+    return rows
+
+
+def _bytes(cell: str) -> int:
+    found = re.match(r"([\d,]+) bytes", cell)
+    assert found, cell
+    return int(found[1].replace(",", ""))
 
 
 def test_task_runs_are_named_after_their_query_and_can_be_renamed(orders):
@@ -40,10 +78,10 @@ def test_task_runs_are_named_after_their_query_and_can_be_renamed(orders):
     assert {"execute-query", "customers-query", "collect-busy_customers"} <= names
 
 
-def test_each_gpu_task_run_gets_an_artifact_with_plan_schema_placement_memory_seconds(orders):
+def test_with_result_artifacts_each_gpu_task_run_gets_an_artifact_with_plan_schema_rows_bytes_placement(orders):
     seen = {}
 
-    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu", result_artifacts=True)))
     def pipeline():
         r = execute(pl.scan_parquet(orders).filter(pl.col("amount") > 50), name="big-orders")
         seen["result"] = (r.id, r.engine_seconds, dict(r.schema))
@@ -54,26 +92,126 @@ def test_each_gpu_task_run_gets_an_artifact_with_plan_schema_placement_memory_se
     [artifact] = artifacts_of(task_run_id=runs["big-orders"].id)
     text = artifact.data
     result_id, seconds, schema = seen["result"]
+    big = pl.read_parquet(orders).filter(pl.col("amount") > 50)
     assert artifact.type == "markdown" and artifact.flow_run_id == flow_run_id
     assert "cudf-polars result `big-orders`" in text
+    assert artifact.description.startswith("cudf-polars result 'big-orders'")
     # polars' optimized plan (the filter pushed into the parquet scan), as explain() gives it.
     plan = pl.scan_parquet(orders).filter(pl.col("amount") > 50).explain()
     assert "SELECTION" in plan and f"```\n{plan}\n```" in text
+    assert f"#### Output schema ({len(schema)} columns)" in text
     for name, dtype in schema.items():
         assert f"| `{name}` | `{dtype}` |" in text
+    # Where it lives, its size, what the call took.
     assert "| backend | cpu |" in text
     assert "| ranks (GPUs) | 0 |" in text and "| partitions | 1 |" in text
+    assert f"| rows | {big.height} |" in text
+    assert _bytes(re.search(r"\| bytes \| ([^|]+) \|", text)[1]) == big.estimated_size()
     assert f"| engine call | {seconds:.3f} s |" in text
     assert f"`{result_id}`" in text
     # Memory after the call: the cpu backend's host store holds the filtered orders.
-    held = pl.read_parquet(orders).filter(pl.col("amount") > 50).estimated_size()
-    bytes_after = int(re.search(r"\| memory in use after \| ([\d,]+) bytes", text)[1].replace(",", ""))
-    assert bytes_after == held
-    assert "host store of the cpu backend" in text
+    assert _bytes(re.search(r"\| memory in use after \| ([^|]+) \|", text)[1]) == big.estimated_size()
     # The chained gpu_task has its own artifact; collect (host result) has none.
     [chained] = artifacts_of(task_run_id=runs["busy_customers"].id)
-    assert "cudf-polars result `busy_customers`" in chained.data and "`orders`" in chained.data
+    assert "cudf-polars result `busy_customers`" in chained.data and "| `orders` | `UInt32` |" in chained.data
+    assert "| rows | 7 |" in chained.data
     assert artifacts_of(task_run_id=runs["collect-busy_customers"].id) == []
+    # The summary says how the memory figures are measured on this backend.
+    assert "| memory measured as | host store of the cpu backend |" in summary_text(flow_run_id, "pipeline")
+
+
+def test_result_artifacts_are_written_only_with_the_block_option_and_the_summary_lists_every_result(orders):
+    def pipeline_with(block: CudfPolarsEngine):
+        @flow(name="orders-report", task_runner=CudfPolarsTaskRunner(block))
+        def pipeline():
+            r = execute(pl.scan_parquet(orders).filter(pl.col("amount") > 50), name="big-orders")
+            execute(pl.scan_parquet(orders), name="left-unread")
+            return collect(busy_customers(r))
+
+        return pipeline
+
+    names = ("big-orders", "left-unread", "busy_customers", "collect-busy_customers")
+    on = _run(pipeline_with(CudfPolarsEngine(backend="cpu", result_artifacts=True)))
+    on_runs = task_runs_of(on, expect=4, final=True)
+    for name in names[:3]:
+        [artifact] = artifacts_of(task_run_id=on_runs[name].id)
+        assert f"cudf-polars result `{name}`" in artifact.data
+        assert "#### Query plan (as the engine ran it)" in artifact.data and "#### Output schema" in artifact.data
+    assert artifacts_of(task_run_id=on_runs["collect-busy_customers"].id) == []
+
+    off = _run(pipeline_with(CudfPolarsEngine(backend="cpu")))
+    off_runs = task_runs_of(off, expect=4, final=True)
+    assert set(names) <= set(off_runs)
+    assert all(artifacts_of(task_run_id=run.id) == [] for run in off_runs.values())
+    [summary] = artifacts_of(flow_run_id=off)  # the flow run's only artifact
+    assert summary.key == telemetry.summary_key("orders-report") == "orders-report-cudf-polars-session"
+
+    # Both flow runs' summaries list every result: who made it, its state at the end, its figures.
+    table = pl.read_parquet(orders)
+    big, everything = table.filter(pl.col("amount") > 50), table
+    per_customer = big.group_by("customer").agg(pl.len().alias("orders"))
+    expected = {
+        "big-orders": ("consumed", big),
+        "left-unread": ("released unread", everything),
+        "busy_customers": ("consumed", per_customer),
+    }
+    for flow_run_id, runs in ((on, on_runs), (off, off_runs)):
+        text = summary_text(flow_run_id, "orders-report")
+        assert "| results produced | 3 |" in text and "| results released unconsumed | 1 |" in text
+        rows = {r["result"]: r for r in summary_results(text)}
+        assert set(rows) == {f"`{name}`" for name in expected}
+        for name, (state, frame) in expected.items():
+            row = rows[f"`{name}`"]
+            assert row["produced by"] == f"task run '{name}' (id {runs[name].id})"
+            assert row["at the end"] == state
+            assert row["rows"] == str(frame.height) and _bytes(row["bytes"]) == frame.estimated_size()
+            assert row["partitions"] == "1" and float(row["engine s"]) >= 0
+        # Held at the end: the result nobody read.
+        assert re.search(rf"\| memory held at the end \| {everything.estimated_size():,} bytes", text), text
+
+    # The result.created events carry the same facts, with the schema and the plan.
+    found = events_of(off, expect={telemetry.RESULT_CREATED: 3})
+    created = {e.payload["name"]: e.payload for e in found if e.event == telemetry.RESULT_CREATED}
+    assert set(created) == set(expected)
+    for name, (_, frame) in expected.items():
+        payload = created[name]
+        assert payload["backend"] == "cpu" and payload["ranks"] == [0] and payload["partitions"] == 1
+        assert payload["rows"] == frame.height and payload["bytes"] == frame.estimated_size()
+        assert payload["schema"] == {k: str(v) for k, v in frame.schema.items()}
+        assert payload["deferred"] is False and payload["fused_steps"] == []
+        assert payload["engine_seconds"] >= 0 and payload["memory_in_use_bytes"] >= frame.estimated_size()
+    assert created["big-orders"]["plan"] == pl.scan_parquet(orders).filter(pl.col("amount") > 50).explain()
+
+
+def test_every_gpu_task_run_of_a_wide_flow_is_listed_in_the_session_summary(cpu_block, orders):
+    tasks = 60
+
+    @flow(name="wide", task_runner=CudfPolarsTaskRunner(cpu_block))
+    def wide() -> list[str]:
+        futures = [
+            customer_orders.with_options(task_run_name=f"customer-{i}").submit(str(orders), i % 7)
+            for i in range(tasks)
+        ]
+        return [f.result().id for f in futures]
+
+    flow_run_id = _run(wide)
+    runs = task_runs_of(flow_run_id, expect=tasks, final=True)
+    gpu_runs = {name: run.id for name, run in runs.items() if name.startswith("customer-")}
+    assert len(gpu_runs) == tasks
+    text = summary_text(flow_run_id, "wide")
+    assert f"| results produced | {tasks} |" in text and f"| results released unconsumed | {tasks} |" in text
+    rows = summary_results(text)
+    assert len(rows) == tasks
+    listed = {row["produced by"]: row for row in rows}
+    table = pl.read_parquet(orders)
+    for i in range(tasks):
+        name = f"customer-{i}"
+        row = listed.get(f"task run '{name}' (id {gpu_runs[name]})")
+        assert row is not None, f"task run {name} is not in the summary:\n{text}"
+        assert row["result"] == "`customer_orders`" and row["at the end"] == "released unread"
+        assert row["rows"] == str(table.filter(pl.col("customer") == i % 7).height)
+    # The summary is the flow run's only artifact.
+    assert [a.key for a in artifacts_of(flow_run_id=flow_run_id)] == [telemetry.summary_key("wide")]
 
 
 def test_a_refused_persistence_request_is_an_artifact_on_the_task_run(orders):
