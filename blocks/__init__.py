@@ -8,7 +8,7 @@ CudfPolarsEngine
 CudfPolarsTaskRunner
     Thread-pool task runner that opens a session for each flow run.
 EngineSession
-    One engine for one flow run (owner thread, result registry, teardown).
+    One engine for one flow run: its results, their counts, its end.
 get_engine_session
     The active session, from a flow body or any of its task threads.
 GPUResult
@@ -18,45 +18,35 @@ NoEngineSessionError, NoGPUError, SessionError
 BlockNotFoundError
     No saved engine block has that name (a ``LookupError`` and a ``ValueError``).
 
-Rooms
------
-Each room imports only the rooms listed below it (imports under
-``typing.TYPE_CHECKING``, which never run, may name any room for annotations);
-``tests/test_layering.py`` fails when an import goes the other way. The
-package never imports :mod:`prefect_cudf_polars.tasks` or
-:mod:`prefect_cudf_polars.flows`.
+Layers
+------
+Each module imports only the layers below it, ``TYPE_CHECKING`` imports
+included (``tests/test_layering.py``); a protocol in a lower layer types what
+an upper one provides. Bottom to top:
 
+``errors``, ``active``
+    The errors; which session provider is innermost here (one context variable).
+``engine_block``
+    :class:`CudfPolarsEngine`: fields, checks, and the one translation into
+    cudf-polars' options.
+``backends/``
+    One adapter per engine (``cpu``, ``streaming`` for ``spmd``, ``dask/``,
+    ``ray/``); every third-party private access in ``backends/compat``.
+``persistence``, ``results``, ``lineage``
+    :class:`GPUResult` and the rules no serializer breaks; how a result is produced again.
+``engine``, ``telemetry``, ``nesting``, ``exits``
+    The engine host (owner thread and exit stack); what Prefect is told;
+    which subflows share an engine; sessions open at interpreter exit.
+``session``
+    :class:`EngineSession` and :func:`get_engine_session`.
 ``task_runner``
     :class:`CudfPolarsTaskRunner`.
-``engine_block``
-    :class:`CudfPolarsEngine`, the configuration.
-``session/``
-    :class:`EngineSession`, split by job: the session and its lifecycle rules,
-    the owner thread, the result registry, memory readings, log lines.
-``monitoring/``
-    What the Prefect UI shows: events, artifacts, task run names.
-``results/``
-    :class:`GPUResult`, its lineage, splitting, and the one walker over task
-    arguments.
-``backends/``
-    The engines: one adapter per backend (``cpu``, ``spmd``, ``dask/``,
-    ``ray/``), the GPU probe, the backend choice, engine error translation.
-``active``
-    Which session is active here.
-``errors``
-    The errors the engine side raises.
 """
 
-from prefect_cudf_polars.blocks.active import get_engine_session
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
-from prefect_cudf_polars.blocks.errors import (
-    BlockNotFoundError,
-    NoEngineSessionError,
-    NoGPUError,
-    SessionError,
-)
-from prefect_cudf_polars.blocks.results.result import GPUResult
-from prefect_cudf_polars.blocks.session import EngineSession
+from prefect_cudf_polars.blocks.errors import BlockNotFoundError, NoEngineSessionError, NoGPUError, SessionError
+from prefect_cudf_polars.blocks.results import GPUResult
+from prefect_cudf_polars.blocks.session import EngineSession, get_engine_session
 from prefect_cudf_polars.blocks.task_runner import CudfPolarsTaskRunner
 
 __all__ = [

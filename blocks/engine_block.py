@@ -9,17 +9,21 @@ opens for one flow run.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import inspect
 import re
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator, model_validator
 
-from prefect_cudf_polars.blocks.backends.executor_options import RESERVED_EXECUTOR_KEYS, streaming_executor_fields
 from prefect_cudf_polars.blocks.errors import BlockNotFoundError
-from prefect_cudf_polars.blocks.session import EngineSession
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.active import SessionProvider
 
 Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 
@@ -32,11 +36,20 @@ _PREFECT_BLOCK_KEYS = frozenset(
     {"block_type_slug", "_block_document_id", "_block_document_name", "_is_anonymous"}
 )
 
+#: ``StreamingExecutor``'s init fields in cudf-polars 26.10, for machines where it cannot be imported.
+STREAMING_EXECUTOR_FIELDS = frozenset(
+    {
+        "broadcast_limit", "client_device_threshold", "cluster", "dask_context", "dynamic_planning",
+        "fallback_mode", "join_filter_pushdown", "kvikio_bounce_buffer_bytes", "kvikio_nthreads",
+        "kvikio_reactor_count", "kvikio_reactor_dispatch", "kvikio_remote_io_backend",
+        "kvikio_request_ceiling", "kvikio_statistics", "kvikio_task_size", "max_concurrent_io_tasks",
+        "max_rows_per_partition", "min_device_size", "num_py_executors", "quent_context",
+        "ray_context", "sink_to_directory", "spmd_context", "target_partition_size",
+    }
+)
 
-def _did_you_mean(name: str, choices: Any) -> str:
-    """``" (did you mean 'x'?)"`` for the closest of ``choices``, or ``""``."""
-    close = difflib.get_close_matches(name, sorted(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+#: Keys cudf-polars sets itself for the backend (``cudf_polars.engine.core._RESERVED_EXECUTOR_KEYS``, 26.10).
+RESERVED_EXECUTOR_KEYS = frozenset({"cluster", "spmd_context", "ray_context", "dask_context"})
 
 #: rmm memory resources a user picks by name (``device_memory_resource``).
 MEMORY_RESOURCES: dict[str, str] = {
@@ -45,6 +58,37 @@ MEMORY_RESOURCES: dict[str, str] = {
     "managed": "rmm.mr.ManagedMemoryResource",
     "cuda": "rmm.mr.CudaMemoryResource",
 }
+
+
+def _did_you_mean(name: str, choices: Any) -> str:
+    """``" (did you mean 'x'?)"`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(name, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@functools.cache
+def streaming_executor_fields() -> tuple[frozenset[str], str]:
+    """
+    ``StreamingExecutor``'s option names, and where they were read.
+
+    cudf-polars 26.10 passes a GPU engine's executor options to
+    ``StreamingExecutor(**options)``, a dataclass whose init fields are the
+    option names. Where cudf-polars can be imported they are read from it;
+    elsewhere from :data:`STREAMING_EXECUTOR_FIELDS`.
+
+    Returns
+    -------
+    (names, source) : tuple of frozenset of str and str
+        ``source`` is ``"cudf-polars 26.10.02"`` (the installed version), or
+        ``"cudf-polars 26.10"`` for the built-in list.
+    """
+    try:
+        import cudf_polars
+        from cudf_polars.utils.config import StreamingExecutor
+    except Exception:  # not installed, or its CUDA wheels cannot load here
+        return STREAMING_EXECUTOR_FIELDS, "cudf-polars 26.10"
+    names = frozenset(f.name for f in dataclasses.fields(StreamingExecutor) if f.init)
+    return names, f"cudf-polars {cudf_polars.__version__}"
 
 
 class CudfPolarsEngine(Block):
@@ -118,6 +162,12 @@ class CudfPolarsEngine(Block):
         fields of cudf-polars' ``StreamingExecutor`` (read from cudf-polars where
         it can be imported, else those of 26.10), except the ones cudf-polars
         sets for the backend and the ones named fields above own.
+    result_artifacts : bool
+        One markdown artifact per result on the task run that produced it (its
+        plan, schema, rows, bytes, where it lives). Default False: each is a
+        synchronous Prefect API call on the task's thread (Prefect 3.9.1), and
+        the same facts are in the ``result.created`` event and in the flow
+        run's summary artifact.
 
     Raises
     ------
@@ -192,6 +242,16 @@ class CudfPolarsEngine(Block):
         default_factory=dict,
         description="More cudf-polars streaming executor options, passed as they are.",
     )
+    result_artifacts: bool = Field(
+        default=False,
+        description="One artifact per result on the task run that produced it (an API call each); "
+        "the result.created event and the flow run's summary artifact carry the same facts.",
+    )
+
+    #: What :meth:`session` builds. The block is configuration, below the session in the
+    #: import order, so :mod:`prefect_cudf_polars.blocks.session` sets this when it is
+    #: imported (``import prefect_cudf_polars.blocks`` does).
+    session_type: ClassVar[Callable[[CudfPolarsEngine], SessionProvider] | None] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -287,6 +347,64 @@ class CudfPolarsEngine(Block):
             options["initial_pool_size"] = size
         return {"qualname": MEMORY_RESOURCES[kind], "options": options}
 
+    def executor_settings(self) -> dict[str, Any]:
+        """
+        The streaming executor options the block sets: its named fields, then ``executor_options``.
+
+        Unset fields stay unset, so cudf-polars' environment variables
+        (``CUDF_POLARS__*``) and defaults apply to them.
+        """
+        named = {
+            "target_partition_size": self.target_partition_size,
+            "max_rows_per_partition": self.max_rows_per_partition,
+        }
+        return {**{k: v for k, v in named.items() if v is not None}, **self.executor_options}
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """
+        The block as the keyword arguments of ``SPMDEngine``, ``DaskEngine`` and ``RayEngine``.
+
+        The one translation of the block's fields into cudf-polars 26.10's
+        ``StreamingOptions`` (``engine/options.py``), constructed by keyword:
+        ``rapidsmpf_options``, ``executor_options`` and ``engine_options``.
+        Imports cudf-polars.
+
+        Returns
+        -------
+        dict
+        """
+        from cudf_polars.engine.options import StreamingOptions
+        from cudf_polars.utils.config import MemoryResourceConfig
+
+        named: dict[str, Any] = {"raise_on_fail": self.raise_on_fail}
+        if self.spill_device_limit is not None:
+            # cudf-polars 26.10's StreamingOptions.spill_device_limit is a str ("80%" or bytes).
+            named["spill_device_limit"] = str(self.spill_device_limit)
+        if (mr := self.memory_resource_config()) is not None:
+            named["memory_resource_config"] = MemoryResourceConfig(**mr)
+        options = StreamingOptions(**named)
+        return {
+            "rapidsmpf_options": options.to_rapidsmpf_options(),
+            "executor_options": {**options.to_executor_options(), **self.executor_settings()},
+            "engine_options": options.to_engine_options(),
+        }
+
+    def local_cluster_kwargs(self) -> dict[str, Any]:
+        """
+        The block as ``dask_cuda.LocalCUDACluster`` keyword arguments (one thread per worker).
+
+        ``device_memory_pool_size`` becomes ``rmm_pool_size`` (bytes) and
+        ``spill_device_limit`` dask-cuda's ``device_memory_limit`` (a fraction of
+        GPU memory, or bytes).
+        """
+        kwargs: dict[str, Any] = {"threads_per_worker": 1}
+        if self.device_memory_pool_size is not None:
+            kwargs["rmm_pool_size"] = self.device_memory_pool_size
+        if self.spill_device_limit is not None:
+            limit = str(self.spill_device_limit)
+            kwargs["device_memory_limit"] = float(limit[:-1]) / 100 if limit.endswith("%") else int(limit)
+        return kwargs
+
     @classmethod
     async def aload(cls, name: str, validate: bool = True, client: Any = None) -> CudfPolarsEngine:
         """The async form of :meth:`load` (Prefect's ``Block.aload``): the same parameters, result and errors."""
@@ -331,7 +449,7 @@ class CudfPolarsEngine(Block):
             return cls.aload(name, validate=validate, client=client)
         return loaded
 
-    def session(self) -> EngineSession:
+    def session(self) -> Any:
         """
         Open an engine session for this flow run (use it as a context manager).
 
@@ -348,9 +466,10 @@ class CudfPolarsEngine(Block):
             On entry, when a GPU backend is asked for and no usable GPU or RAPIDS
             stack is present (and ``cpu_fallback`` is False).
         SessionError
-            On entry, when a session is already active in this context.
+            On entry, when a session is already active in this flow run.
         """
-        return EngineSession(self)
+        assert self.session_type is not None  # set when prefect_cudf_polars.blocks is imported
+        return self.session_type(self)
 
 
 def _not_found(name: str, exc: ValueError) -> ValueError:

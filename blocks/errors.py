@@ -171,7 +171,27 @@ class WrongEngineError(GPUResultError):
 
 
 class SessionError(RuntimeError):
-    """An engine session was used against its lifecycle rules (for example, nested)."""
+    """An engine session was used against its lifecycle rules (for example, nested, or after it ended)."""
+
+
+NO_SESSION_MESSAGE = (
+    "No cudf-polars engine session is active {where}. Give the flow one: "
+    "`@flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(...)))`, or open one in the flow "
+    "body: `with CudfPolarsEngine.load('name').session():`. GPU tasks must run inside that flow "
+    "run, on its thread-pool task runner."
+)
+
+ENDED_WITH_BLOCK = (
+    "The engine session {id} (`with block.session():`{where}) has ended, so it runs no more queries. Task "
+    "runs submitted inside the with block must finish before it exits: the session waits for them at most "
+    "the block's teardown_timeout ({limit:g} s). Wait on their futures inside the with block, or raise "
+    "teardown_timeout."
+)
+
+ENDED_WITH_RUN = (
+    "The engine session {id} ({by}{where}) has ended with its flow run, so it runs no more queries; open a "
+    "new session (a new flow run) to run more."
+)
 
 
 class NoEngineSessionError(SessionError):

@@ -1,30 +1,20 @@
 """
 ``CudfPolarsTaskRunner``: a thread-pool task runner that provides one engine session per flow run.
 
-Developer notes
----------------
 Prefect calls :meth:`CudfPolarsTaskRunner.duplicate` for every flow run and
 every attempt, and enters the copy *before* the flow run's context exists
-(Prefect 3.9, ``flow_engine.py``: ``FlowRunEngine.setup_run_context``), outside
-the code that turns an exception into a Failed state. So ``__enter__`` starts
-nothing that can fail: it only makes the runner the innermost session
-provider (:mod:`~prefect_cudf_polars.blocks.active`). The engine opens at the
-first GPU call inside the flow run (:meth:`CudfPolarsTaskRunner.provide_session`,
-under a lock, once): an engine that cannot start raises inside the run, so
-Prefect fails that task run and the flow run with our message, and every
-later GPU call of the run gets the same error. A flow run with no GPU call
-starts no engine, and says so in one line (:meth:`CudfPolarsTaskRunner.__exit__`).
-
-``__exit__`` runs on success, on exceptions and on ``TerminationSignal``
-(SIGTERM); after Prefect's thread pool has waited for the task runs, it
-closes the session (at most 3 s for the engine on a termination signal). Each
-attempt of a retried flow run therefore gets a fresh session, and the failed
-attempt's results are released before the next attempt starts.
-``on_cancellation`` hooks run in another process under a worker, so they could
-not free GPU memory; this runner does not rely on them.
-
-A subflow with its own runner gets its own session; where its engine comes
-from (its parent's, its own, or an error) is :mod:`~prefect_cudf_polars.blocks.session.nesting`'s rule.
+(Prefect 3.9, ``FlowRunEngine.setup_run_context``), outside the code that turns
+an exception into a Failed state. So ``__enter__`` starts nothing that can
+fail: it only makes the runner the innermost session provider
+(:mod:`~prefect_cudf_polars.blocks.active`). The engine opens at the first GPU
+call inside the flow run (:meth:`CudfPolarsTaskRunner.provide_session`, under a
+lock, once): an engine that cannot start raises inside the run, so Prefect
+fails that task run and the flow run with our message, and every later GPU
+call of the run gets the same error. ``__exit__`` runs on success, on
+exceptions and on ``TerminationSignal`` (SIGTERM); after Prefect's thread pool
+has waited for the task runs, it closes the session, so each attempt of a
+retried flow run gets a fresh session. ``on_cancellation`` hooks run in
+another process under a worker, so this runner does not rely on them.
 """
 
 from __future__ import annotations
@@ -34,12 +24,11 @@ from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from prefect_cudf_polars.blocks.active import enter_provider, innermost_provider, leave_provider
+from prefect_cudf_polars.blocks import active
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine, load_engine_block
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.session import EngineSession
-from prefect_cudf_polars.blocks.session.exit_hook import console_logger, is_termination
-from prefect_cudf_polars.blocks.session.lines import NOT_STARTED_LINE
+from prefect_cudf_polars.blocks.telemetry import NOT_STARTED_LINE, logger
 
 
 class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
@@ -53,19 +42,17 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     Parameters
     ----------
-    engine
-        A :class:`~prefect_cudf_polars.blocks.CudfPolarsEngine` block, or the
-        name of a saved one (loaded at the flow run's first GPU task). Default:
-        a new block with ``backend="auto"``.
-    max_workers
-        Threads for tasks (Prefect's ``ThreadPoolTaskRunner``). Engine calls
-        are serialized on the session's owner thread whatever this is.
+    engine : CudfPolarsEngine or str, optional
+        A block, or the name of a saved one (loaded at the flow run's first GPU
+        task). Default: a new block with ``backend="auto"``.
+    max_workers : int, optional
+        Threads for tasks (Prefect's ``ThreadPoolTaskRunner``). Engine calls are
+        serialized on the session's owner thread whatever this is.
 
     Attributes
     ----------
     session : EngineSession or None
-        The flow run's session once its engine has opened, until the runner
-        exits (also ``engine_session``).
+        The flow run's session once its engine has opened, until the runner exits.
 
     Raises
     ------
@@ -80,15 +67,11 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     ... def pipeline(): ...
     """
 
-    def __init__(
-        self,
-        engine: CudfPolarsEngine | str | None = None,
-        max_workers: int | None = None,
-    ) -> None:
+    def __init__(self, engine: CudfPolarsEngine | str | None = None, max_workers: int | None = None) -> None:
         if engine is not None and not isinstance(engine, (CudfPolarsEngine, str)):
             raise TypeError(
-                "CudfPolarsTaskRunner(engine=...) takes a CudfPolarsEngine block or the "
-                f"name of a saved one, not {type(engine).__name__}"
+                "CudfPolarsTaskRunner(engine=...) takes a CudfPolarsEngine block or the name of a saved "
+                f"one, not {type(engine).__name__}"
             )
         super().__init__(max_workers=max_workers)
         self.engine = engine if engine is not None else CudfPolarsEngine()
@@ -99,24 +82,14 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         self._parent: Any = None
         self._flow_run: Any = None
 
-    @property
-    def engine_session(self) -> EngineSession | None:
-        """The flow run's session once opened, else ``None``."""
-        return self.session
-
     def duplicate(self) -> CudfPolarsTaskRunner:
         """A fresh, unstarted runner with the same engine and thread count."""
         return type(self)(engine=self.engine, max_workers=self._max_workers)
 
-    def _block(self) -> CudfPolarsEngine:
-        if isinstance(self.engine, str):
-            return load_engine_block(self.engine)
-        return self.engine
-
     def __enter__(self) -> CudfPolarsTaskRunner:
         super().__enter__()
-        self._parent = innermost_provider()
-        self._token = enter_provider(self)
+        self._parent = active.innermost()
+        self._token = active.enter(self)
         return self
 
     def submit(self, task: Any, parameters: Any, wait_for: Any = None, dependencies: Any = None) -> Any:
@@ -129,7 +102,6 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                 self._flow_run = (ctx.flow_run, ctx.flow)
         return super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
 
-    # ---- as a session provider ---------------------------------------------------
     @property
     def provided_session(self) -> EngineSession | None:
         """The session if it is open now (opens nothing)."""
@@ -140,16 +112,12 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         """
         The flow run's session, opening the engine at the first call (once, under a lock).
 
-        Returns
-        -------
-        EngineSession
-
         Raises
         ------
         SessionError
             When the runner has exited (its flow run is over), or a subflow's
             session cannot share its parent's GPU.
-        LookupError
+        BlockNotFoundError
             When the runner names a saved block that does not exist.
         NoGPUError, Exception
             Whatever opening the engine raised; every later call raises the same error.
@@ -162,12 +130,13 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                 if self.session is None:
                     if self._token is None:
                         raise SessionError(
-                            "This CudfPolarsTaskRunner is not running a flow run; GPU tasks "
-                            "find their session inside the flow run that uses the runner."
+                            "This CudfPolarsTaskRunner is not running a flow run; GPU tasks find their "
+                            "session inside the flow run that uses the runner."
                         )
                     try:
+                        block = load_engine_block(self.engine) if isinstance(self.engine, str) else self.engine
                         parent = self._parent.provided_session if self._parent is not None else None
-                        self.session = EngineSession(self._block()).open(activate=False, parent=parent)
+                        self.session = EngineSession(block).open(activate=False, parent=parent)
                     except BaseException as exc:
                         self._open_error = exc
                         raise
@@ -180,20 +149,21 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         """Nothing to do: Prefect's thread pool waits for its task runs before ``__exit__`` closes the session."""
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        from prefect.exceptions import TerminationSignal
+
         try:
             super().__exit__(exc_type, exc_value, traceback)
         finally:
             try:
                 if self.session is not None:
-                    self.session.close(terminating=is_termination(exc_value))
+                    self.session.close(terminating=isinstance(exc_value, TerminationSignal))
                 elif self._open_error is None:
                     self._say_not_started()
             finally:
                 if self._token is not None:
-                    leave_provider(self._token, self)
+                    active.leave(self._token, self)
                 # What an ended flow run leaves here holds nothing of its engine.
-                self._token = self._parent = self._flow_run = self._open_error = None
-                self.session = None
+                self._token = self._parent = self._flow_run = self._open_error = self.session = None
 
     def _say_not_started(self) -> None:
         """One line for a flow run that ran no GPU task: its log if a task was submitted, else the console."""
@@ -203,7 +173,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
             flow_run, flow = self._flow_run
             flow_run_logger(flow_run=flow_run, flow=flow).info(NOT_STARTED_LINE)
         else:
-            console_logger().info(NOT_STARTED_LINE, extra={"send_to_api": False})
+            logger.info(NOT_STARTED_LINE, extra={"send_to_api": False})
 
     def __eq__(self, value: object) -> bool:
         return (

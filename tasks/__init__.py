@@ -41,7 +41,7 @@ from prefect_cudf_polars.blocks.errors import (
     ResultReleasedError,
     WrongEngineError,
 )
-from prefect_cudf_polars.blocks.results.result import GPUResult
+from prefect_cudf_polars.blocks.results import GPUResult
 from prefect_cudf_polars.tasks.engine_tasks import collect, execute
 from prefect_cudf_polars.tasks.fan_out import tee
 from prefect_cudf_polars.tasks.gpu_task import gpu_task

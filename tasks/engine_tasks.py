@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from prefect_cudf_polars.blocks import GPUResult, get_engine_session
-from prefect_cudf_polars.blocks.monitoring.run_names import collect_run_name, execute_run_name
-from prefect_cudf_polars.blocks.results.lineage import Lineage
-from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+from prefect_cudf_polars.blocks import GPUResult
+from prefect_cudf_polars.blocks.lineage import Lineage
+from prefect_cudf_polars.tasks.calls import EngineCall, query_of, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
-from prefect_cudf_polars.tasks.inputs import as_query, drop_claimed, refuse_released, unclaimed
-from prefect_cudf_polars.tasks.retry_inputs import recompute_for_retry, retry_unless_cannot_recompute
-from prefect_cudf_polars.tasks.task_defaults import (
-    gpu_task_defaults,
-    warn_if_persistence_requested,
-)
+from prefect_cudf_polars.tasks.run_names import collect_run_name, execute_run_name
+from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults, warn_if_persistence_requested
 
 
 @task(
@@ -69,23 +64,10 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: boo
         If the session ended while the query waited for its engine.
     """
     warn_if_persistence_requested()
-    refuse_released(query)
-    session = get_engine_session()
     lineage = Lineage.of_query(query, deferred=defer)
-    fresh: list[GPUResult] = []
-    claimable: list[GPUResult] = []
-    result: GPUResult | None = None
-    try:
-        query = recompute_for_retry(query, session, fresh)
-        claimable = unclaimed(gpu_results_in(query))
-        lf = as_query(query, task="execute")
-        default = query.name if isinstance(query, GPUResult) else "query"
-        run = session.defer if defer else session.execute
-        result = run(lf, name=name or default, lineage=lineage, inputs=claimable)
-        return result
-    finally:
-        drop_claimed(claimable, held_by=result)
-        drop_claimed(fresh, release_live=True, held_by=result)
+    with EngineCall(query) as call:
+        default = call.args.name if isinstance(call.args, GPUResult) else "query"
+        return call.execute(query_of(call.args, task="execute"), name=name or default, lineage=lineage, defer=defer)
 
 
 @task(
@@ -118,15 +100,5 @@ def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
         As for :func:`execute`, unless the block sets ``raise_on_fail=False``:
         then polars' CPU engine runs the query instead.
     """
-    refuse_released(query)
-    session = get_engine_session()
-    fresh: list[GPUResult] = []
-    claimable: list[GPUResult] = []
-    try:
-        query = recompute_for_retry(query, session, fresh)
-        claimable = unclaimed(gpu_results_in(query))
-        lf = as_query(query, task="collect")
-        return session.collect(lf, inputs=claimable)
-    finally:
-        drop_claimed(claimable)
-        drop_claimed(fresh, release_live=True)
+    with EngineCall(query) as call:
+        return call.collect(query_of(call.args, task="collect"))

@@ -1,16 +1,25 @@
-"""``tee``: one result in, N independent results out, all kept on the GPU (see :mod:`~prefect_cudf_polars.blocks.results.split`)."""
+"""
+``tee``: one result in, N independent results out, all kept on the GPU.
+
+A result is read once (cudf-polars moves its partitions out on read), so two
+readers cannot share it. Copies 2..N are produced again from the result's
+lineage (:func:`~prefect_cudf_polars.tasks.calls.replay`): the producing steps
+run again on the same engine, from their scans, so the data never visits host
+memory; the first copy takes over the original's partitions. A result whose
+lineage cannot be replayed is refused before anything is claimed.
+"""
 
 from __future__ import annotations
 
-
-from prefect_cudf_polars.blocks import GPUResult, get_engine_session
-from prefect_cudf_polars.blocks.results.split import split_result
-from prefect_cudf_polars.tasks.inputs import refuse_released
+from prefect_cudf_polars.blocks import GPUResult
+from prefect_cudf_polars.blocks.errors import CannotRecomputeError
+from prefect_cudf_polars.tasks.calls import EngineCall, replay, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
+from prefect_cudf_polars.tasks.run_names import tee_run_name
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 
-@task(name="cudf-polars-tee", **gpu_task_defaults())
+@task(name="cudf-polars-tee", task_run_name=tee_run_name, retry_condition_fn=retry_unless_cannot_recompute, **gpu_task_defaults())
 def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     """
     Split one result into ``n`` independent results (fan-out), on the GPU.
@@ -63,5 +72,21 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
         raise TypeError(f"tee(result, n): n must be an int, not {type(n).__name__}.")
     if n < 1:
         raise ValueError(f"tee(result, n): n must be at least 1, not {n}.")
-    refuse_released(result)
-    return split_result(get_engine_session(), result, n)
+    with EngineCall(result) as call:
+        result = call.args
+        if n > 1 and (reason := result.replay_problem) is not None:
+            raise CannotRecomputeError(
+                f"Cannot split GPUResult {result.name!r} (id {result.id}) into {n}: {reason}. It is still live "
+                "and unread. Collect it once and reuse the host DataFrame, or produce it in a gpu_task from "
+                "scans or other GPU results so it can be recomputed.",
+                result_id=result.id, result_name=result.name, reason=reason,
+            )
+        # Replays first: if one fails (a scanned file is gone), the original is still live and unread.
+        copies: list[GPUResult] = []
+        try:
+            copies += [replay(call.session, result) for _ in range(n - 1)]
+            return [call.session.adopt(result.hand_over(), like=result), *copies]
+        except BaseException:
+            for copy in copies:
+                copy.release()
+            raise

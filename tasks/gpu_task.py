@@ -10,7 +10,8 @@ owner thread.
 ``defer=True`` makes a deferred step: its task run builds and checks the query
 and returns a deferred ``GPUResult`` holding the plan; the task that reads it
 runs both steps in one engine call (:meth:`EngineSession.defer
-<prefect_cudf_polars.blocks.EngineSession.defer>`).
+<prefect_cudf_polars.blocks.EngineSession.defer>`). Every run goes through the
+one engine-call protocol (:class:`~prefect_cudf_polars.tasks.calls.EngineCall`).
 """
 
 from __future__ import annotations
@@ -24,105 +25,11 @@ from typing import Any, overload
 import polars as pl
 from prefect import Task
 
-from prefect_cudf_polars.blocks import get_engine_session
-from prefect_cudf_polars.blocks.monitoring.run_names import gpu_task_run_name
-from prefect_cudf_polars.blocks.results.lineage import Lineage
-from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+from prefect_cudf_polars.blocks.lineage import Lineage
+from prefect_cudf_polars.tasks.calls import EngineCall, combined_retry_condition
 from prefect_cudf_polars.tasks.gpu_task_type import GPUTask
-from prefect_cudf_polars.tasks.inputs import drop_claimed, refuse_released, unclaimed
-from prefect_cudf_polars.tasks.retry_inputs import combined_retry_condition, recompute_for_retry
-from prefect_cudf_polars.tasks.task_defaults import (
-    gpu_task_defaults,
-    persistence_requests,
-    warn_if_persistence_requested,
-)
-
-
-class GPUCall:
-    """
-    One run of a ``gpu_task``'s function: its inputs checked, its query run, its claimed inputs freed.
-
-    The sync and the async task run the same steps; only how they wait differs.
-
-    Attributes
-    ----------
-    args, kwargs
-        The function's arguments, with inputs a retry recomputed swapped in.
-    """
-
-    def __init__(self, name: str, session: Any, lineage: Lineage, collect: bool, defer: bool = False) -> None:
-        self.name = name
-        self.session = session
-        self.lineage = lineage
-        self.collect = collect
-        self.defer = defer
-        self.args: tuple[Any, ...] = ()
-        self.kwargs: dict[str, Any] = {}
-        self.claimable: list[Any] = []
-        self.fresh: list[Any] = []
-        self.result: Any = None
-
-    @classmethod
-    def start(
-        cls,
-        name: str,
-        user_fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        *,
-        collect: bool,
-        defer: bool = False,
-    ) -> GPUCall:
-        """
-        Find the session, recompute what a retry needs, check every GPU input.
-
-        Raises
-        ------
-        NoEngineSessionError, CannotRecomputeError, ResultReleasedError, ResultConsumedError, WrongEngineError
-            See :func:`gpu_task` (what was recomputed is freed first).
-        """
-        refuse_released((args, kwargs))
-        lineage = Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}", deferred=defer)
-        call = cls(name, get_engine_session(), lineage, collect, defer)
-        try:
-            call.args, call.kwargs = recompute_for_retry((args, kwargs), call.session, call.fresh)
-            inputs = gpu_results_in((call.args, call.kwargs))
-            call.claimable = unclaimed(inputs)
-            for result in inputs:
-                result.check_readable()
-        except BaseException:
-            call.finish()
-            raise
-        return call
-
-    def query(self, lf: Any) -> pl.LazyFrame:
-        """The function's return value, which must be a LazyFrame."""
-        if not isinstance(lf, pl.LazyFrame):
-            raise TypeError(
-                f"gpu_task {self.name!r} must return a polars LazyFrame (the query to "
-                f"run on the GPU), but returned {type(lf).__name__}. Build the "
-                "query with .lazy() on the inputs and return it uncollected."
-            )
-        return lf
-
-    def run(self, lf: pl.LazyFrame) -> Any:
-        """Run the query on the session: a GPUResult (deferred with ``defer``), or a host DataFrame (``collect``)."""
-        if self.collect:
-            return self.session.collect(lf, inputs=self.claimable)
-        if self.defer:
-            self.result = self.session.defer(lf, name=self.name, lineage=self.lineage, inputs=self.claimable)
-            return self.result
-        return self.session.execute(lf, name=self.name, lineage=self.lineage, inputs=self.claimable)
-
-    def finish(self) -> None:
-        """
-        Free what the claimed inputs left, and the recomputed inputs the query did not read.
-
-        Only inputs this call could claim (live when it started); inputs the
-        returned deferred result holds stay: its reader frees them.
-        """
-        drop_claimed(self.claimable, held_by=self.result)
-        drop_claimed(self.fresh, release_live=True, held_by=self.result)
+from prefect_cudf_polars.tasks.run_names import gpu_task_run_name
+from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults, persistence_requests, warn_if_persistence_requested
 
 
 @overload
@@ -234,21 +141,26 @@ def gpu_task(
         prefect_options = {k: v for k, v in task_options.items() if k != "name"}
         requested = persistence_requests(prefect_options)  # GPU results are never persisted
 
-        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> GPUCall:
+        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[EngineCall, Lineage]:
             if not collect:
                 warn_if_persistence_requested(requested)
-            return GPUCall.start(name, user_fn, args, kwargs, collect=collect, defer=defer)
+            return EngineCall((args, kwargs)), Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}", deferred=defer)
+
+        def run(call: EngineCall, lineage: Lineage, lf: Any) -> Any:
+            if collect:
+                return call.collect(lf, name=name)
+            return call.execute(lf, name=name, lineage=lineage, defer=defer)
 
         if inspect.iscoroutinefunction(user_fn):
 
             @functools.wraps(user_fn)
             async def run_on_engine(*args: Any, **kwargs: Any) -> Any:
-                # Every step that may wait for the engine runs off the event loop (in a
-                # copy of this context); the engine calls still queue on its owner thread.
-                call = await asyncio.to_thread(start, args, kwargs)
+                # Every step that may wait for the engine runs off the event loop (in a copy
+                # of this context); the engine calls still queue on its owner thread.
+                call, lineage = await asyncio.to_thread(start, args, kwargs)
                 try:
-                    lf = call.query(await user_fn(*call.args, **call.kwargs))
-                    return await asyncio.to_thread(call.run, lf)
+                    a, k = call.args
+                    return await asyncio.to_thread(run, call, lineage, await user_fn(*a, **k))
                 finally:
                     await asyncio.to_thread(call.finish)
 
@@ -256,11 +168,10 @@ def gpu_task(
 
             @functools.wraps(user_fn)
             def run_on_engine(*args: Any, **kwargs: Any) -> Any:
-                call = start(args, kwargs)
-                try:
-                    return call.run(call.query(user_fn(*call.args, **call.kwargs)))
-                finally:
-                    call.finish()
+                call, lineage = start(args, kwargs)
+                with call:
+                    a, k = call.args
+                    return run(call, lineage, user_fn(*a, **k))
 
         options = {
             **gpu_task_defaults(returns_gpu_result=not collect),

@@ -3,7 +3,7 @@
 
 It is Prefect's ``Task`` with one addition: a run submitted with ``.submit()``
 or ``.map()`` is registered with the innermost session provider
-(:func:`~prefect_cudf_polars.blocks.active.serve_future`). A
+(:func:`serve_future`). A
 ``with block.session():`` then waits for the GPU task runs submitted inside it
 before it ends (bounded by the block's ``teardown_timeout``); a
 ``CudfPolarsTaskRunner`` needs no registration (Prefect's thread pool waits
@@ -20,7 +20,14 @@ from typing import Any
 
 from prefect import Task
 
-from prefect_cudf_polars.blocks.active import serve_future
+from prefect_cudf_polars.blocks.active import innermost
+
+
+def serve_future(future: Any) -> None:
+    """Tell the innermost session provider that ``future`` is a GPU task run it serves."""
+    provider = innermost()
+    if provider is not None:
+        provider.serve(future)
 
 
 class GPUTask(Task):  # type: ignore[type-arg]

@@ -7,7 +7,7 @@ switches persistence on anyway: Prefect then calls :meth:`dumps`, which refuses,
 so nothing is written. Prefect 3.9 does not fail the task for that; it logs a
 generic warning without the reason, which is why the refusal logs its own
 WARNING on the task run, once
-(:mod:`~prefect_cudf_polars.blocks.results.persistence`, the refusal every
+(:mod:`~prefect_cudf_polars.blocks.persistence`, the refusal every
 serializer meets), as the GPU tasks do when they are asked to persist
 (:mod:`prefect_cudf_polars.tasks.task_defaults`).
 """
@@ -19,8 +19,8 @@ from typing import Any, Literal
 from prefect.serializers import PickleSerializer, Serializer
 
 from prefect_cudf_polars.blocks.errors import HostPersistenceError
-from prefect_cudf_polars.blocks.results.persistence import refuse_host_persistence
-from prefect_cudf_polars.blocks.results.walker import gpu_results_in
+from prefect_cudf_polars.blocks.persistence import refuse_host_persistence
+from prefect_cudf_polars.blocks.results import results_in
 
 #: Prefix of host values this serializer writes (anything without it is refused on load).
 HOST_HEADER = b"prefect-cudf-polars:host:"
@@ -52,7 +52,7 @@ class GPUResultSerializer(Serializer):
         HostPersistenceError
             If ``obj`` is or contains a :class:`GPUResult`.
         """
-        results = gpu_results_in(obj)
+        results = results_in(obj)
         if results:
             refuse_host_persistence(results[0])
         return HOST_HEADER + PickleSerializer().dumps(obj)

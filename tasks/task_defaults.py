@@ -15,8 +15,7 @@ from typing import Any
 
 from prefect.cache_policies import NO_CACHE, CachePolicy
 
-from prefect_cudf_polars.blocks.monitoring.artifacts import create_run_artifact, persistence_refusal_markdown
-from prefect_cudf_polars.blocks.results.persistence import warn_once_in_task_run
+from prefect_cudf_polars.blocks.persistence import warn_once_in_task_run
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
 
 
@@ -84,6 +83,7 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
         Reasons known at decoration time (options the decorator neutralised).
     """
     from prefect.context import TaskRunContext
+    from prefect.logging import get_run_logger
 
     ctx = TaskRunContext.get()
     if ctx is None:
@@ -104,8 +104,19 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
     )
     if not warned:
         return
-    # Visible on the task run in the UI too, not only as a log line.
-    create_run_artifact(
-        persistence_refusal_markdown(ctx.task.name, reasons),
-        description=f"Result persistence refused for task {ctx.task.name!r}: nothing was persisted",
-    )
+    from prefect.artifacts import create_markdown_artifact
+
+    try:  # visible on the task run in the UI too, not only as a log line
+        create_markdown_artifact(
+            markdown=(
+                f"### Result persistence refused: task `{ctx.task.name}`\n\nThe task asks for result persistence "
+                f"({', '.join(reasons)}), but it returns a GPU result, which lives in GPU memory of its process "
+                "and is never written to result storage. **Nothing was persisted**; the result stays usable in "
+                "this flow run.\n\nWhat to do: collect the data to the host (the `collect` task or "
+                "`gpu_task(collect=True)`) and persist that, or write it to parquet; and drop the persistence "
+                "options from this task.\n"
+            ),
+            description=f"Result persistence refused for task {ctx.task.name!r}: nothing was persisted",
+        )
+    except Exception as exc:  # the UI's view of a run must not fail the run
+        get_run_logger().warning("Could not write the persistence-refusal artifact: %s", exc)

@@ -67,23 +67,8 @@ def log_records(flow_run_id, *, expect: str | None = None, timeout: float = 20.0
         time.sleep(0.25)
 
 
-#: Most seconds :func:`artifacts_of` waits for this process's monitor writer.
-WRITER_WAIT_S = 60.0
-
-
-def artifacts_of(*, flow_run_id=None, task_run_id=None, key: str | None = None, settled: bool = True) -> list[Any]:
-    """
-    Artifacts attached to a flow run or a task run (optionally of one key).
-
-    With ``settled`` (the default), first waits, at most :data:`WRITER_WAIT_S`, until this
-    process's monitor writer has sent every record it holds: result artifacts are written
-    off the tasks' critical path, paced on the API's answers, so on a busy API some arrive
-    after their flow run ended. ``settled=False`` reads what the API holds now.
-    """
-    if settled:
-        from prefect_cudf_polars.blocks.monitoring.writer import WRITER
-
-        WRITER.drain(WRITER_WAIT_S)
+def artifacts_of(*, flow_run_id=None, task_run_id=None, key: str | None = None) -> list[Any]:
+    """Artifacts attached to a flow run or a task run (optionally of one key); they are written synchronously."""
     flt = ArtifactFilter(
         flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]) if flow_run_id else None,
         task_run_id=ArtifactFilterTaskRunId(any_=[task_run_id]) if task_run_id else None,

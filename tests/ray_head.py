@@ -23,7 +23,7 @@ import sys
 import pytest
 from processes import free_port
 
-from prefect_cudf_polars.blocks.backends.ray.connect import reload_auth_token
+from prefect_cudf_polars.blocks.backends.compat import reload_ray_auth_token as reload_auth_token
 
 
 def ray_cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ def named_paths(text: str) -> list[str]:
 
 
 def exists(path: str) -> bool:
-    """A file or folder, or a module path with a name after it (`blocks/backends/host_store.total_partitions`)."""
+    """A file or folder, or a module path with a name after it (`blocks/backends/cpu.held_partitions`)."""
     if (ROOT / path).exists():
         return True
     stem, dot, _ = path.partition(".")
@@ -36,7 +36,7 @@ def test_every_repository_path_a_doc_names_exists(doc):
 
 def test_the_path_check_sees_paths_and_refuses_missing_ones():
     text = (
-        "see `blocks/backends/dask/lease.py`, `tests/storage/`, `blocks/backends/host_store.total_partitions()`,"
+        "see `blocks/backends/dask/lease.py`, `tests/storage/`, `blocks/backends/cpu.held_partitions()`,"
         " docs/storage.md, `blocks/dask_lease.py` and "
         "https://github.com/PrefectHQ/prefect/blob/main/src/prefect/blocks/core.py"
     )
@@ -44,7 +44,7 @@ def test_the_path_check_sees_paths_and_refuses_missing_ones():
     assert found == [
         "blocks/backends/dask/lease.py",
         "tests/storage/",
-        "blocks/backends/host_store.total_partitions",
+        "blocks/backends/cpu.held_partitions",
         "docs/storage.md",
         "blocks/dask_lease.py",
     ]

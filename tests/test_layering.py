@@ -1,12 +1,12 @@
 """
-Imports run in one direction: each room of the package imports only the rooms below it.
+Imports run in one direction: each layer of the package imports only the layers below it.
 
-The rooms, bottom to top, are listed in :data:`ROOMS` (the same order as the
+The layers, bottom to top, are listed in :data:`ROOMS` (the same order as the
 package docstrings of ``prefect_cudf_polars.blocks`` and ``.tasks``). A
 package's ``__init__`` is the facade of its folder and sits at the top of it.
-Every ``import`` statement counts, at module level or inside a function,
-except those under ``if TYPE_CHECKING:``, which never run. The import graph
-must also be free of cycles, inside a room too.
+Every ``import`` statement counts, at module level, inside a function, and
+under ``if TYPE_CHECKING:`` (a protocol in a lower layer types what an upper
+one provides). The import graph must also be free of cycles, inside a layer too.
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ PACKAGE_DIRS = {
 ROOMS = [
     "prefect_cudf_polars.blocks.errors",
     "prefect_cudf_polars.blocks.active",
-    "prefect_cudf_polars.blocks.backends",
-    "prefect_cudf_polars.blocks.results",
-    "prefect_cudf_polars.blocks.monitoring",
-    "prefect_cudf_polars.blocks.session",
     "prefect_cudf_polars.blocks.engine_block",
+    "prefect_cudf_polars.blocks.backends",
+    "prefect_cudf_polars.blocks.persistence",
+    "prefect_cudf_polars.blocks.results",
+    "prefect_cudf_polars.blocks.lineage",
+    "prefect_cudf_polars.blocks.engine",
+    "prefect_cudf_polars.blocks.telemetry",
+    "prefect_cudf_polars.blocks.nesting",
+    "prefect_cudf_polars.blocks.exits",
+    "prefect_cudf_polars.blocks.session",
     "prefect_cudf_polars.blocks.task_runner",
     "prefect_cudf_polars.blocks",
     "prefect_cudf_polars.tasks",
@@ -68,24 +73,14 @@ def rank(module: str) -> int:
     return ROOMS.index(best)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(module: str) -> set[str]:
-    """Our modules that ``module`` imports when it runs (not under ``TYPE_CHECKING``)."""
+    """Our modules that ``module`` imports, anywhere in it (``TYPE_CHECKING`` blocks included)."""
     path, is_init = MODULES[module]
     found: set[str] = set()
     package = module if is_init else module.rpartition(".")[0]
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
-                for stmt in child.orelse:
-                    visit(stmt)
-                continue
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names if a.name in MODULES)
             elif isinstance(child, ast.ImportFrom):
@@ -110,7 +105,7 @@ GRAPH = {module: imports_of(module) for module in MODULES}
 
 
 def test_every_module_has_a_room():
-    assert "prefect_cudf_polars.blocks.session.session" in MODULES
+    assert "prefect_cudf_polars.blocks.session" in MODULES
     for module in MODULES:
         assert rank(module) >= 0
 
@@ -155,7 +150,19 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     """The rule itself: a blocks module importing tasks is reported."""
     fake = tmp_path / "fake.py"
     fake.write_text("from prefect_cudf_polars.tasks import gpu_task\n")
-    monkeypatch.setitem(MODULES, "prefect_cudf_polars.blocks.results.fake", (fake, False))
-    targets = imports_of("prefect_cudf_polars.blocks.results.fake")
+    monkeypatch.setitem(MODULES, "prefect_cudf_polars.blocks.backends.fake", (fake, False))
+    targets = imports_of("prefect_cudf_polars.blocks.backends.fake")
     assert targets == {"prefect_cudf_polars.tasks.gpu_task"}
-    assert rank("prefect_cudf_polars.tasks.gpu_task") > rank("prefect_cudf_polars.blocks.results.fake")
+    assert rank("prefect_cudf_polars.tasks.gpu_task") > rank("prefect_cudf_polars.blocks.backends.fake")
+
+
+def test_the_checker_counts_an_import_only_for_types(tmp_path, monkeypatch):
+    """An import under ``if TYPE_CHECKING:`` is an import: a circle through one is a circle."""
+    fake = tmp_path / "fake.py"
+    fake.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from prefect_cudf_polars.blocks.session import EngineSession\n"
+    )
+    monkeypatch.setitem(MODULES, "prefect_cudf_polars.blocks.backends.fake", (fake, False))
+    assert imports_of("prefect_cudf_polars.blocks.backends.fake") == {"prefect_cudf_polars.blocks.session"}

@@ -1,23 +1,24 @@
 """
-What every backend hands the engine session: a running engine and its persisted results.
+What every backend hands the engine host: a running engine and its persisted results.
 
-A backend module (``spmd``, ``dask``, ``ray``, ``cpu``) has one function,
-``start(block) -> RunningEngine``, that turns the block's fields into a running
-engine. The session calls ``start`` and every method below on its owner thread
-only: rapidsmpf requires an engine to be created, used and shut down on one
-thread. Everything a backend knows about cudf-polars' internals stays inside
-its own module; the session and the results see only these two interfaces.
+A backend module (``cpu``, ``streaming`` for ``spmd``, ``dask/``, ``ray/``) has
+one function, ``start(block, stack) -> RunningEngine``, that turns the block's
+fields into a running engine and enters everything it creates (the engine, a
+cluster, a lease, a Ray head) into ``stack``, a :class:`contextlib.ExitStack`
+the host closes on its owner thread when the session ends, the way
+cudf-polars' ``StreamingEngine`` closes its own ``exit_stack``. Every method
+below runs on that owner thread: rapidsmpf requires an engine to be created,
+used and shut down on one thread. Everything a backend knows about
+cudf-polars' internals stays behind :mod:`~prefect_cudf_polars.blocks.backends.compat`.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import polars as pl
-
-from prefect_cudf_polars.blocks.backends.result_scans import prepare
 
 
 class PersistedResult(Protocol):
@@ -43,70 +44,76 @@ class PersistedResult(Protocol):
         ...
 
     def release(self) -> None:
-        """Free the partitions now (idempotent, never raises)."""
+        """Free the partitions now (idempotent, never raises); on the engine's thread while it runs."""
+        ...
+
+    def forget(self) -> None:
+        """Let go without calling the engine: its shutdown closed every store (idempotent)."""
         ...
 
 
+class Reading(NamedTuple):
+    """
+    What the engine holds right after a call, read on its owner thread.
+
+    Attributes
+    ----------
+    memory : int or None
+        Bytes allocated now, summed over ranks (rmm statistics on GPU
+        backends, the host store on ``cpu``); ``None`` where unreadable.
+    rows : int or None
+        Rows of the persisted result just produced (``None`` for none).
+    bytes : int or None
+        Its bytes, summed over its partitions.
+    per_rank : tuple of (int or None)
+        ``memory`` of each rank, in rank order.
+    """
+
+    memory: int | None
+    rows: int | None = None
+    bytes: int | None = None
+    per_rank: tuple[int | None, ...] = ()
+
+
 class RunningEngine(abc.ABC):
-    """A started engine of one backend, as the session drives it."""
+    """A started engine of one backend, as the session drives it through the engine host."""
 
     #: Resolved backend name: ``"spmd"``, ``"dask"``, ``"ray"`` or ``"cpu"``.
     backend: str
-    #: The backend's engine object (a cudf-polars ``StreamingEngine``, or the ``cpu``
-    #: backend's engine), for code that measures the bare engine next to the session.
+    #: The backend's engine object (a cudf-polars ``StreamingEngine``, or the ``cpu`` engine).
     engine: Any
+    #: Whether held results must be released before the engine shuts down: a Ray result
+    #: released afterwards calls an actor, which starts a new local Ray (Ray 2.60).
+    release_before_shutdown: bool = False
 
     @abc.abstractmethod
-    def execute(self, lf: pl.LazyFrame) -> PersistedResult:
-        """Run ``lf`` and return its persisted result (the data stays where the engine keeps it)."""
+    def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> PersistedResult:
+        """Run ``lf`` with ``flags``; the result stays where the engine keeps it."""
 
     @abc.abstractmethod
-    def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
-        """Run ``lf`` and return the result on the host."""
+    def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.DataFrame:
+        """Run ``lf`` with ``flags`` and return the result on the host."""
 
     @abc.abstractmethod
-    def memory_in_use(self) -> int | None:
-        """
-        Bytes the engine's allocator holds now, summed over ranks.
+    def read(self, persisted: PersistedResult | None = None) -> Reading:
+        """Memory in use now and, given a result, its rows and bytes (one call to the ranks)."""
 
-        GPU backends read rmm statistics (the memory rmm tracks as allocated,
-        not the pool's size, which ``nvidia-smi`` shows); the ``cpu`` backend
-        reports its host store. ``None`` when the figure cannot be read.
-        """
-
-    def check_plan(self, lf: pl.LazyFrame) -> None:
+    def check_plan(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> None:
         """
         Refuse ``lf`` before it runs, as far as this engine can tell without running it.
 
-        For a deferred step: its plan runs later, fused into its reader's
-        engine call. The default refuses what
-        :func:`~prefect_cudf_polars.blocks.backends.result_scans.prepare`
-        refuses (a zero-column read of a result's frame); the ``cpu`` backend
-        also runs its GPU-support check.
+        For a deferred step, whose plan runs later fused into its reader's
+        engine call. Only the ``cpu`` backend checks (as cudf-polars would).
 
         Raises
         ------
         NotImplementedError
             What the engine would refuse; nothing has run.
         """
-        prepare(lf)
-
-    def memory_per_rank(self) -> list[int | None] | None:
-        """Bytes allocated on each rank, in rank order; ``None`` where ranks are not read apart."""
-        return None
 
     def set_rank_environment(self, env: Mapping[str, str | None]) -> None:
-        """
-        Set (``None``: unset) environment variables on every rank in another process.
-
-        Ranks that run in this process (``spmd``, ``cpu``) share its environment,
-        so the default does nothing.
-        """
+        """Set (``None``: unset) environment variables on every rank in another process (default: none)."""
 
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """Backend, GPUs (names), ranks and versions, for logs and artifacts."""
-
-    @abc.abstractmethod
-    def shutdown(self) -> None:
-        """Shut the engine down and free what it holds (idempotent)."""

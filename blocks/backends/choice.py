@@ -10,6 +10,7 @@ error (:class:`~prefect_cudf_polars.blocks.NoGPUError`), unless the block's
 from __future__ import annotations
 
 import importlib
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends import probe
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 #: the GPU ones import cudf-polars).
 BACKEND_MODULES = {
     "cpu": "prefect_cudf_polars.blocks.backends.cpu",
-    "spmd": "prefect_cudf_polars.blocks.backends.spmd",
+    "spmd": "prefect_cudf_polars.blocks.backends.streaming",
     "dask": "prefect_cudf_polars.blocks.backends.dask.engine",
     "ray": "prefect_cudf_polars.blocks.backends.ray.engine",
 }
@@ -70,9 +71,9 @@ def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
     )
 
 
-def start_backend(backend: str, block: CudfPolarsEngine) -> RunningEngine:
+def start_backend(backend: str, block: CudfPolarsEngine, stack: ExitStack) -> RunningEngine:
     """
-    Start ``backend`` with the block's fields (call on the session's owner thread).
+    Start ``backend`` with the block's fields (call on the engine host's owner thread).
 
     Parameters
     ----------
@@ -80,6 +81,9 @@ def start_backend(backend: str, block: CudfPolarsEngine) -> RunningEngine:
         A resolved backend (see :func:`resolve_backend`).
     block : CudfPolarsEngine
         The engine configuration.
+    stack : contextlib.ExitStack
+        Receives everything the backend creates (engine, cluster, lease, Ray
+        head); closing it shuts them down, last created first.
 
     Returns
     -------
@@ -88,6 +92,7 @@ def start_backend(backend: str, block: CudfPolarsEngine) -> RunningEngine:
     Raises
     ------
     NoGPUError, DaskClusterError, RayClusterError
-        What the backend's ``start`` raises when its engine cannot start.
+        What the backend raises when its engine cannot start (what it entered
+        into ``stack`` is the caller's to close).
     """
-    return importlib.import_module(BACKEND_MODULES[backend]).start(block)
+    return importlib.import_module(BACKEND_MODULES[backend]).start(block, stack)

@@ -2,50 +2,80 @@
 The ``cpu`` backend: polars' CPU engine with cudf-polars' result semantics.
 
 This backend exists so flows can be developed and tested on machines without a
-GPU. It runs the same queries on polars' CPU engine and keeps results in host
-memory (:mod:`prefect_cudf_polars.blocks.backends.host_store`) with exactly the rules of
-cudf-polars' persisted results: ``execute`` returns a one-shot result whose
-``lazy()`` scan moves the data out of the store, a second read raises, and
-``release()`` (or engine shutdown) drops it. A result's frame keeps the result
-alive until the frame is dropped, as cudf-polars' frames do. Each plan is
-prepared as the GPU engines prepare theirs
-(:mod:`~prefect_cudf_polars.blocks.backends.result_scans`), and with cudf-polars
-installed it is also checked the way cudf-polars would check it
-(:mod:`~prefect_cudf_polars.blocks.backends.gpu_support`). Nothing here touches
-a GPU.
+GPU. It runs the same queries on polars' CPU engine and keeps results in a
+process-local host store with exactly the rules of cudf-polars' persisted
+results (``cudf_polars.engine.rank_local_store``, one rank): ``execute``
+returns a one-shot result whose ``lazy()`` scan moves the data out of the
+store, a second read raises cudf-polars' own message, and ``release()`` (or
+the engine's shutdown, which closes its store) drops it. A result's frame
+keeps the result alive until the frame is dropped, as cudf-polars' frames do.
+With cudf-polars installed, each plan is also checked the way cudf-polars
+would check it (:mod:`~prefect_cudf_polars.blocks.backends.gpu_support`).
+Nothing here touches a GPU.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
 import weakref
 from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from polars.io.plugins import register_io_source
 
-from prefect_cudf_polars.blocks.backends import host_store
-from prefect_cudf_polars.blocks.backends.base import RunningEngine
+from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
-from prefect_cudf_polars.blocks.backends.result_scans import ZERO_COLUMN_MESSAGE, prepare
+from prefect_cudf_polars.blocks.backends.plans import ZERO_COLUMN_MESSAGE
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+
+#: cudf-polars 26.10's message for a second read of a persisted result (``rank_local_store``).
+CONSUMED_MESSAGE = (
+    "A persisted query result is consumed on read and cannot be scanned more "
+    "than once (for example a self-join, or collecting the same LazyFrame "
+    "twice). Call engine.execute() again for a fresh result."
+)
+
+# One store per engine (its uid), each holding one partition per query id. Re-entrant:
+# a result's weakref.finalize drops its partition, and Python may run finalizers during
+# any allocation, also on a thread that holds the lock.
+_stores: dict[str, dict[uuid.UUID, pl.DataFrame]] = {}
+_lock = threading.RLock()
+
+
+def held_partitions() -> int:
+    """Partitions the ``cpu`` backend's engines of this process hold now (0 when every result is released)."""
+    with _lock:
+        return sum(len(store) for store in _stores.values())
+
+
+def _drop(uid: str, query_id: uuid.UUID) -> None:
+    with _lock:
+        _stores.get(uid, {}).pop(query_id, None)
+
+
+def _pop(uid: str, query_id: uuid.UUID) -> pl.DataFrame:
+    with _lock:
+        store = _stores.get(uid)
+        if store is None:
+            raise RuntimeError(
+                "The persisted query result's store no longer exists: the engine was shut "
+                "down since it produced the result. Run the task that produced it again, in "
+                "an open engine session."
+            )
+        try:
+            return store.pop(query_id)
+        except KeyError:
+            raise RuntimeError(CONSUMED_MESSAGE) from None
 
 
 class HostPersistedResult:
     """
     Host-resident counterpart of cudf-polars' ``PersistedQueryResult``.
-
-    Parameters
-    ----------
-    uid
-        Id of the producing engine's host store.
-    query_id
-        Id of the query; keys the stored partition.
-    schema
-        Output schema.
 
     Attributes
     ----------
@@ -53,96 +83,54 @@ class HostPersistedResult:
         Output schema.
     ranks : list of int
         ``[0]``: the ``cpu`` backend has one rank.
+    rows, bytes : int
+        Rows of the stored partition and its size (polars' ``estimated_size``).
     """
 
-    def __init__(self, uid: str, query_id: uuid.UUID, schema: pl.Schema) -> None:
-        self._uid = uid
-        self._query_id = query_id
-        self.schema = schema
-        self.ranks = [0]
-        self._finalizer = weakref.finalize(self, host_store.drop_if_open, uid, query_id)
+    def __init__(self, uid: str, df: pl.DataFrame) -> None:
+        self._uid, self._query_id = uid, uuid.uuid4()
+        self.schema, self.ranks = df.schema, [0]
+        self.rows, self.bytes = df.height, df.estimated_size()
+        with _lock:
+            _stores[uid][self._query_id] = df
+        self._finalizer = weakref.finalize(self, _drop, uid, self._query_id)
 
     def release(self) -> None:
         """Drop the stored partition now (idempotent)."""
         self._finalizer()
 
-    def lazy(self) -> pl.LazyFrame:
-        """
-        Return a LazyFrame whose scan moves the partition out of the store.
+    def forget(self) -> None:
+        """Let go without touching the store (its engine closed it)."""
+        self._finalizer.detach()
 
-        The frame holds this result, so the partition stays until the frame is
-        read or dropped (cudf-polars 26.10's ``PersistedQueryResult.lazy`` frames
-        hold their result the same way).
-        """
+    def lazy(self) -> pl.LazyFrame:
+        """A LazyFrame whose scan moves the partition out of the store; it keeps this result alive."""
         owner = self
 
         def source(
-            with_columns: list[str] | None,
-            predicate: pl.Expr | None,
-            n_rows: int | None,
-            batch_size: int | None,
+            with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
         ) -> Iterator[pl.DataFrame]:
             if with_columns is not None and len(with_columns) == 0:
                 # cudf-polars 26.10's PersistedSource refuses this before it reads the partition.
                 raise NotImplementedError(ZERO_COLUMN_MESSAGE)
-            try:
-                store = host_store.require_store(owner._uid)
-            except KeyError:
-                raise RuntimeError(
-                    "The persisted query result's store no longer exists: the engine "
-                    "was shut down since it produced the result. Run the task that "
-                    "produced it again, in an open engine session."
-                ) from None
-            df = store.pop(owner._query_id)
+            df = _pop(owner._uid, owner._query_id)
             if with_columns is not None:
                 df = df.select(with_columns)
             if predicate is not None:
                 df = df.filter(predicate)
-            if n_rows is not None:
-                df = df.head(n_rows)
-            yield df
+            yield df if n_rows is None else df.head(n_rows)
 
         return register_io_source(source, schema=self.schema)
 
 
-class CpuEngine:
-    """
-    polars' CPU engine with an ``execute`` that returns a host persisted result.
-
-    Each instance owns one host store (``uid``), closed by :meth:`shutdown`.
-    """
-
-    def __init__(self) -> None:
-        self.uid = uuid.uuid4().hex
-        host_store.open_store(self.uid)
-
-    def execute(
-        self, lf: pl.LazyFrame, optimizations: pl.QueryOptFlags | None = None
-    ) -> HostPersistedResult:
-        """Run ``lf`` on the CPU (polars' ``optimizations``, default all) and keep the result in this engine's host store."""
-        df = lf.collect(optimizations=pl.QueryOptFlags() if optimizations is None else optimizations)
-        query_id = uuid.uuid4()
-        host_store.require_store(self.uid).put(query_id, df)
-        return HostPersistedResult(self.uid, query_id, df.schema)
-
-    def collect(self, lf: pl.LazyFrame, optimizations: pl.QueryOptFlags | None = None) -> pl.DataFrame:
-        """Run ``lf`` on the CPU (polars' ``optimizations``, default all) and return the DataFrame."""
-        return lf.collect(optimizations=pl.QueryOptFlags() if optimizations is None else optimizations)
-
-    def shutdown(self) -> None:
-        """Drop every stored result of this engine (idempotent)."""
-        host_store.close_store(self.uid)
-
-
 class CpuRunningEngine(RunningEngine):
     """
-    A running ``cpu`` backend.
+    A running ``cpu`` backend: one host store, and the GPU-support check where it can run.
 
     Parameters
     ----------
-    engine : CpuEngine
     gpu_support : GPUSupportCheck
-        Checks each plan the way cudf-polars would (where it can run here).
+        Checks each plan the way cudf-polars would.
     raise_on_fail : bool
         The block's ``raise_on_fail``: as on the GPU, ``execute`` refuses what
         cudf-polars cannot run whatever it is, ``collect`` only when it is True.
@@ -150,34 +138,34 @@ class CpuRunningEngine(RunningEngine):
 
     backend = "cpu"
 
-    def __init__(self, engine: CpuEngine, gpu_support: GPUSupportCheck, raise_on_fail: bool) -> None:
-        self.engine = engine
+    def __init__(self, gpu_support: GPUSupportCheck, raise_on_fail: bool) -> None:
+        self.engine = self
+        self.uid = uuid.uuid4().hex
         self.gpu_support = gpu_support
         self.raise_on_fail = raise_on_fail
+        with _lock:
+            _stores[self.uid] = {}
 
-    def execute(self, lf: pl.LazyFrame) -> Any:
-        flags = prepare(lf)
+    def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> HostPersistedResult:
         self.gpu_support.check(lf, flags)
-        return self.engine.execute(lf, flags)
+        return HostPersistedResult(self.uid, lf.collect(optimizations=flags))
 
-    def check_plan(self, lf: pl.LazyFrame) -> None:
-        # A deferred step's plan: checked as collect checks it (with raise_on_fail=False
-        # a collect reader may fall back to the CPU; an execute reader refuses it then).
-        flags = prepare(lf)
+    def check_plan(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> None:
+        # A deferred step's plan is checked as collect checks it (with raise_on_fail=False a
+        # collect reader may fall back to the CPU; an execute reader refuses it then).
         if self.raise_on_fail:
             self.gpu_support.check(lf, flags)
 
-    def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
-        flags = prepare(lf)
-        if self.raise_on_fail:
-            self.gpu_support.check(lf, flags)
-        return self.engine.collect(lf, flags)
+    def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.DataFrame:
+        self.check_plan(lf, flags)
+        return lf.collect(optimizations=flags)
 
-    def memory_in_use(self) -> int | None:
-        try:
-            return host_store.require_store(self.engine.uid).nbytes()
-        except KeyError:
-            return 0
+    def read(self, persisted: Any = None) -> Reading:
+        with _lock:
+            held = sum(df.estimated_size() for df in _stores.get(self.uid, {}).values())
+        if persisted is None:
+            return Reading(held, per_rank=(held,))
+        return Reading(held, persisted.rows, persisted.bytes, (held,))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -192,9 +180,13 @@ class CpuRunningEngine(RunningEngine):
         }
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        """Drop every stored result of this engine (idempotent)."""
+        with _lock:
+            _stores.pop(self.uid, None)
 
 
-def start(block: CudfPolarsEngine) -> CpuRunningEngine:
+def start(block: CudfPolarsEngine, stack: ExitStack) -> CpuRunningEngine:
     """Start the ``cpu`` backend (no GPU needed), with the GPU-support check where it can run."""
-    return CpuRunningEngine(CpuEngine(), GPUSupportCheck.open(block), block.raise_on_fail)
+    running = CpuRunningEngine(GPUSupportCheck.open(block), block.raise_on_fail)
+    stack.callback(running.shutdown)
+    return running

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from prefect_cudf_polars.blocks.backends.streaming import with_optimizations
+from prefect_cudf_polars.blocks.backends.compat import plan_visitor, with_optimizations
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -67,12 +67,7 @@ def check_engine(block: CudfPolarsEngine) -> pl.GPUEngine:
         ``raise_on_fail=True``, the streaming executor, and a nominal
         ``min_device_size`` unless the block sets one.
     """
-    options: dict[str, Any] = {"min_device_size": NOMINAL_DEVICE_BYTES}
-    if block.target_partition_size is not None:
-        options["target_partition_size"] = block.target_partition_size
-    if block.max_rows_per_partition is not None:
-        options["max_rows_per_partition"] = block.max_rows_per_partition
-    options.update(block.executor_options)
+    options: dict[str, Any] = {"min_device_size": NOMINAL_DEVICE_BYTES, **block.executor_settings()}
     return pl.GPUEngine(raise_on_fail=True, executor="streaming", executor_options=options)
 
 
@@ -138,7 +133,7 @@ class GPUSupportCheck:
         try:
             engine = check_engine(block)
             trial = pl.LazyFrame({"a": [1]}).select(pl.col("a") + 1)
-            Translator(trial._ldf.visit(), engine).translate_ir()
+            Translator(plan_visitor(trial), engine).translate_ir()
         except Exception as exc:
             return cls(
                 status=(
@@ -176,7 +171,7 @@ class GPUSupportCheck:
             return
         try:
             # cudf-polars 26.10 reads the plan as engine.execute does: Translator(lf._ldf.visit(), engine).
-            translator = self.translator(with_optimizations(lf, flags)._ldf.visit(), self.engine)
+            translator = self.translator(plan_visitor(with_optimizations(lf, flags)), self.engine)
             translator.translate_ir()
             refusal = translator.unsupported_operations_error()
         except Exception as exc:

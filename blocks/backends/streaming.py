@@ -1,51 +1,28 @@
 """
-The adapter over cudf-polars' streaming engines (``SPMDEngine``, ``DaskEngine``, ``RayEngine``).
+The adapter over cudf-polars' streaming engines (``SPMDEngine``, ``DaskEngine``, ``RayEngine``), and the ``spmd`` backend.
 
-The three GPU backends build their engine in their own module and hand it
-here. Every use of a cudf-polars internal shared by the three sits in this
-module, each with the cudf-polars version it was checked against:
-
-* ``StreamingEngine._run(fn, *args)`` runs a module-level function on every
-  rank and gathers the results in rank order (cudf-polars 26.10). It reads
-  device memory and GPU names on the ranks and sets environment variables on
-  ranks in other processes.
-* ``PersistedQueryResult._schema`` and ``._ranks`` hold a result's output
-  schema and producing ranks (cudf-polars 26.10 has no public accessor).
-* ``engine.execute(lf)`` takes no polars optimization flags in cudf-polars
-  26.10 (it translates ``lf._ldf.visit()``, which plans with the flags stored
-  in the frame), so :func:`with_optimizations` stores them in the frame with
-  polars 1.44's private ``LazyFrame._ldf.with_optimizations``. ``collect``
-  takes polars' public ``optimizations`` argument.
-
-Every plan is prepared first
-(:func:`~prefect_cudf_polars.blocks.backends.result_scans.prepare`): a plan
-that reads a result's frame runs without slice pushdown, and a zero-column read
-of one is refused before the engine runs.
+The ``spmd`` backend is cudf-polars' ``SPMDEngine`` in this process: started
+without ``rrun`` (cudf-polars 26.10) it runs one rank on one GPU. ``dask/`` and
+``ray/`` build their engines in their own modules and wrap them here. The
+cudf-polars internals all three share are reached through
+:mod:`~prefect_cudf_polars.blocks.backends.compat`.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from typing import Any
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from prefect_cudf_polars.blocks.backends.base import RunningEngine
-from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes, rank_device_name
+from prefect_cudf_polars.blocks.backends import compat
+from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank
-from prefect_cudf_polars.blocks.backends.result_scans import prepare
 
-
-def with_optimizations(lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.LazyFrame:
-    """
-    ``lf`` planned with ``flags``, for an engine call that takes no optimization flags.
-
-    Checked against polars 1.44 and cudf-polars 26.10: ``execute_persisted_query``
-    translates ``lf._ldf.visit()``, which optimizes with the flags the frame
-    carries; ``LazyFrame._ldf.with_optimizations`` (private) sets them, as
-    polars' own ``collect`` does.
-    """
-    return pl.LazyFrame._from_pyldf(lf._ldf.with_optimizations(flags._pyoptflags))
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 
 def rapids_versions() -> dict[str, str]:
@@ -63,20 +40,26 @@ def rapids_versions() -> dict[str, str]:
     return versions
 
 
+def silence_unstable_warning() -> None:
+    """
+    Ignore cudf-polars' ``UnstableWarning`` for ``engine.execute()`` in this process.
+
+    This package is built on ``execute()``; the warning says nothing a flow's
+    user can act on, and its stack level points into Prefect.
+    """
+    from cudf_polars.unstable import UnstableWarning
+
+    warnings.filterwarnings("ignore", category=UnstableWarning)
+
+
 class StreamingPersistedResult:
     """
     cudf-polars' ``PersistedQueryResult`` as the session sees it.
 
-    Parameters
-    ----------
-    query_result : cudf_polars.engine.persisted_result.PersistedQueryResult
-        What ``engine.execute(lf)`` returned.
-
     Attributes
     ----------
     query_result : PersistedQueryResult
-        The cudf-polars result itself (its finalizer frees the partitions when
-        it is garbage-collected).
+        What ``engine.execute(lf)`` returned.
     schema : polars.Schema
     ranks : list of int
     """
@@ -85,9 +68,7 @@ class StreamingPersistedResult:
 
     def __init__(self, query_result: Any) -> None:
         self.query_result = query_result
-        # cudf-polars 26.10: the schema and ranks are only held privately.
-        self.schema = pl.Schema(query_result._schema)
-        self.ranks = list(query_result._ranks)
+        self.schema, self.ranks = compat.persisted_layout(query_result)
 
     def lazy(self) -> pl.LazyFrame:
         return self.query_result.lazy()
@@ -96,78 +77,68 @@ class StreamingPersistedResult:
         # cudf-polars 26.10: idempotent, never raises (weakref.finalize).
         self.query_result.release()
 
+    def forget(self) -> None:
+        compat.forget_persisted(self.query_result)
+
 
 class StreamingRunningEngine(RunningEngine):
     """
-    A started cudf-polars streaming engine.
+    A started cudf-polars streaming engine; its shutdown is in the host's exit stack.
 
     Parameters
     ----------
-    backend
+    backend : str
         ``"spmd"``, ``"dask"`` or ``"ray"``.
     engine
-        The cudf-polars engine, created on the session's owner thread.
-    on_shutdown
-        Called after ``engine.shutdown()`` (for example to close a cluster the
-        backend started); ``None`` for nothing.
+        The cudf-polars engine, created on the host's owner thread.
+    extra : dict, optional
+        Backend facts for logs and artifacts (the Dask dashboard, the cluster).
     """
 
-    def __init__(self, backend: str, engine: Any, on_shutdown: Any = None) -> None:
+    def __init__(self, backend: str, engine: Any, extra: dict[str, Any] | None = None) -> None:
         self.backend = backend
         self.engine = engine
-        self._on_shutdown = on_shutdown
-        self._stopped = False
-        #: Backend-specific facts for logs and artifacts (e.g. the Dask dashboard link).
-        self.extra_description: dict[str, Any] = {}
+        self.extra = extra or {}
+        self.release_before_shutdown = backend == "ray"
 
-    def execute(self, lf: pl.LazyFrame) -> StreamingPersistedResult:
-        flags = prepare(lf)
-        if not flags.slice_pushdown:  # a plan that reads a result's frame: carry the flags in
-            lf = with_optimizations(lf, flags)
+    def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> StreamingPersistedResult:
+        if not flags.slice_pushdown:  # execute() takes no flags: carry them in the frame
+            lf = compat.with_optimizations(lf, flags)
         return StreamingPersistedResult(self.engine.execute(lf))
 
-    def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
-        return lf.collect(engine=self.engine, optimizations=prepare(lf))
+    def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.DataFrame:
+        return lf.collect(engine=self.engine, optimizations=flags)
 
-    def memory_in_use(self) -> int | None:
-        if self.backend == "spmd":
-            # One rank in this process: read it directly, no collective per engine call.
-            return rank_allocated_bytes()
-        values = self.memory_per_rank()
-        if any(v is None for v in values):
-            return None
-        return sum(v for v in values if v is not None)
-
-    def memory_per_rank(self) -> list[int | None]:
-        if self.backend == "spmd":
-            return [rank_allocated_bytes()]
-        return list(self.engine._run(rank_allocated_bytes))  # cudf-polars 26.10: one call per rank
+    def read(self, persisted: Any = None) -> Reading:
+        key = compat.persisted_key(persisted.query_result) if persisted is not None else ()
+        if self.backend == "spmd":  # one rank, this process: no collective
+            per_rank = [compat.rank_reading(*key)]
+        else:
+            per_rank = compat.run_on_ranks(self.engine, compat.rank_reading, *key)
+        memory = [r[0] for r in per_rank]
+        total = None if None in memory else sum(memory)
+        if persisted is None:
+            return Reading(total, per_rank=tuple(memory))
+        return Reading(total, sum(r[1] for r in per_rank), sum(r[2] for r in per_rank), tuple(memory))
 
     def set_rank_environment(self, env: Mapping[str, str | None]) -> None:
         if self.backend != "spmd":  # spmd's one rank is this process
-            self.engine._run(apply_environment_on_rank, dict(env))  # cudf-polars 26.10
+            compat.run_on_ranks(self.engine, apply_environment_on_rank, dict(env))
 
     def describe(self) -> dict[str, Any]:
-        gpus = list(self.engine._run(rank_device_name))  # cudf-polars 26.10
         return {
             "backend": self.backend,
-            "gpus": gpus,
+            "gpus": compat.run_on_ranks(self.engine, compat.rank_device_name),
             "ranks": self.engine.nranks,
             "versions": rapids_versions(),
             "note": f"cudf-polars {type(self.engine).__name__}, results stay in GPU memory",
-            **self.extra_description,
+            **self.extra,
         }
 
-    def shutdown(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        engine, on_shutdown = self.engine, self._on_shutdown
-        # A shut-down adapter holds nothing of the engine (its memory resource
-        # included), even where something still holds the adapter.
-        self.engine = self._on_shutdown = None
-        try:
-            engine.shutdown()
-        finally:
-            if on_shutdown is not None:
-                on_shutdown()
+
+def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
+    """Create an ``SPMDEngine`` from the block's options (call on the owner thread); its shutdown goes on ``stack``."""
+    from cudf_polars.engine.spmd import SPMDEngine
+
+    silence_unstable_warning()
+    return StreamingRunningEngine("spmd", stack.enter_context(SPMDEngine(**block.engine_kwargs())))

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from prefect_cudf_polars.blocks import GPUResult, get_engine_session
+from prefect_cudf_polars.blocks import GPUResult
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
+from prefect_cudf_polars.tasks.calls import EngineCall, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.storage.assets import declare_sources
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access, scrub
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_engine_error
@@ -176,7 +177,12 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
     )
 
 
-@task(name="cudf-polars-read-parquet", task_run_name=read_parquet_run_name, **gpu_task_defaults())
+@task(
+    name="cudf-polars-read-parquet",
+    task_run_name=read_parquet_run_name,
+    retry_condition_fn=retry_unless_cannot_recompute,
+    **gpu_task_defaults(),
+)
 def read_parquet(
     source: str | list[str],
     credentials: AwsCredentials | None = None,
@@ -226,7 +232,6 @@ def read_parquet(
     ValueError
         If ``source`` is an empty list.
     """
-    session = get_engine_session()
     sources = _sources(source)
     remote = [s for s in sources if is_s3_url(s)]
     access = resolve_s3_access(credentials) if remote else None
@@ -234,13 +239,14 @@ def read_parquet(
         assert access is not None
         check_readable(parse_s3_url(url), access)
     declare_sources(sources)
-    lf = scan_parquet(sources, access, backend=session.backend or "cpu")
-    if columns is not None:
-        lf = lf.select(columns)
-    if predicate is not None:
-        lf = lf.filter(predicate)
     name = name or source_name(sources)
-    if not remote:
-        return session.execute(lf, name=name)
-    assert access is not None
-    return run_reading_s3(session, access, session.execute, lf, url=remote[0], name=name)
+    with EngineCall(()) as call:
+        lf = scan_parquet(sources, access, backend=call.session.backend or "cpu")
+        if columns is not None:
+            lf = lf.select(columns)
+        if predicate is not None:
+            lf = lf.filter(predicate)
+        if not remote:
+            return call.execute(lf, name=name)
+        assert access is not None
+        return run_reading_s3(call.session, access, call.execute, lf, url=remote[0], name=name)

@@ -4,7 +4,7 @@ Readable names for the storage tasks' results and task runs: named after the dat
 ``read_parquet("s3://lake/trips/")`` runs as ``read-parquet-trips`` and returns a
 result named ``trips``; ``sink_parquet(trips, ...)`` runs as ``sink-parquet-trips``.
 Names are kept apart within a session as for every GPU task run
-(:mod:`~prefect_cudf_polars.blocks.monitoring.run_names`).
+(:mod:`~prefect_cudf_polars.tasks.run_names`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from prefect_cudf_polars.blocks import GPUResult
-from prefect_cudf_polars.blocks.monitoring.run_names import distinct_run_name
+from prefect_cudf_polars.tasks.run_names import distinct_run_name
 
 _GLOB = re.compile(r"[*?\[]")
 _PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
-from prefect_cudf_polars.blocks import GPUResult, get_engine_session
-from prefect_cudf_polars.tasks.inputs import drop_claimed, refuse_released
+from prefect_cudf_polars.blocks import GPUResult
+from prefect_cudf_polars.tasks.calls import EngineCall, retry_unless_cannot_recompute
 from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.storage.location import (
@@ -159,6 +159,7 @@ def _upload(
 @task(
     name="cudf-polars-sink-parquet",
     task_run_name=sink_parquet_run_name,
+    retry_condition_fn=retry_unless_cannot_recompute,
     **gpu_task_defaults(returns_gpu_result=False),
 )
 def sink_parquet(
@@ -218,39 +219,36 @@ def sink_parquet(
         raise ValueError(
             f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}."
         )
-    refuse_released(result)
-    session = get_engine_session()
-    result.check_readable()
-    remote = is_s3_url(target)
-    location = access = client = None
-    if remote:
-        location = parse_s3_url(target)
-        access = resolve_s3_access(credentials)
-        client = _check_s3_target(location, access, overwrite=overwrite)
-        folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
-        os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
-    else:
-        folder = Path(target).expanduser().resolve()
-        _check_local_target(folder, overwrite=overwrite)
-
-    asset = declare_target(target if remote else str(folder))
-    schema = {name: str(dtype) for name, dtype in result.schema.items()}
-    # polars' CPU sink writes one file; cudf-polars' streaming engines a folder of parts.
-    on_cpu = session.backend == "cpu"
-    sink_path = folder / "part.000000.parquet" if on_cpu else folder
-    if on_cpu:
-        folder.mkdir(parents=True, exist_ok=True)
-    try:
-        lf = result.lazy().sink_parquet(
-            str(sink_path), compression=compression, mkdir=True, lazy=True  # type: ignore[arg-type]
-        )
-        session.collect(lf, inputs=[result])
-    except BaseException:
-        if remote:  # nothing was uploaded; partial staged parts are of no use
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
-    finally:
-        drop_claimed([result])
+    if not isinstance(result, GPUResult):
+        raise TypeError(f"sink_parquet takes a GPUResult, not {type(result).__name__}; write host data with polars.")
+    with EngineCall(result) as call:
+        result, session = call.args, call.session
+        remote = is_s3_url(target)
+        location = access = client = None
+        if remote:
+            location = parse_s3_url(target)
+            access = resolve_s3_access(credentials)
+            client = _check_s3_target(location, access, overwrite=overwrite)
+            folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
+            os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
+        else:
+            folder = Path(target).expanduser().resolve()
+            _check_local_target(folder, overwrite=overwrite)
+        asset = declare_target(target if remote else str(folder))
+        schema = {name: str(dtype) for name, dtype in result.schema.items()}
+        # polars' CPU sink writes one file; cudf-polars' streaming engines a folder of parts.
+        on_cpu = session.backend == "cpu"
+        sink_path = folder / "part.000000.parquet" if on_cpu else folder
+        if on_cpu:
+            folder.mkdir(parents=True, exist_ok=True)
+        try:
+            call.collect(result.lazy().sink_parquet(
+                str(sink_path), compression=compression, mkdir=True, lazy=True  # type: ignore[arg-type]
+            ))
+        except BaseException:
+            if remote:  # nothing was uploaded; partial staged parts are of no use
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
 
     files = _written_files(folder)
     rows = sum(pq.read_metadata(f).num_rows for f in files)

@@ -12,8 +12,8 @@ from prefect import flow
 from api_reads import artifacts_of, events_of, related_ids, task_runs_of
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
-from prefect_cudf_polars.blocks.monitoring.artifacts import summary_key
-from prefect_cudf_polars.blocks.monitoring import events as ev
+from prefect_cudf_polars.blocks.telemetry import summary_key
+from prefect_cudf_polars.blocks import telemetry as ev
 
 
 @gpu_task(name="customer-totals")
@@ -55,8 +55,12 @@ def test_session_summary_is_a_keyed_artifact_of_the_flow_run(orders, opened_by):
     assert "| results released unconsumed | 1 |" in text
     assert "| GPUs | none (cpu backend) |" in text
     assert "| Dask dashboard | none (no Dask cluster) |" in text
-    for row in ("peak memory", "engine start", "engine shutdown", "memory before shutdown"):
+    for row in ("peak memory", "engine start", "engine shutdown", "memory held at the end"):
         assert f"| {row} |" in text
+    # Every result with its facts, and what became of it.
+    assert "#### Results (3)" in text
+    assert "| `orders` |" in text and "| `customer-totals` |" in text
+    assert "| `left-over` |" in text and "| released unread | 10 |" in text
     # A second flow run adds a version under the same key.
     assert pipeline(return_state=True).is_completed()
     assert len(artifacts_of(key=key)) == 2
@@ -91,8 +95,13 @@ def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
         assert event.resource.id.startswith("prefect-cudf-polars.result.")
         assert event.payload["backend"] == "cpu" and event.payload["partitions"] == 1
         assert event.payload["memory_in_use_bytes"] > 0
-        # Sent later by the monitor's writer, the event keeps the time it happened: inside its task run.
+        # Sent from the task's thread: it happened inside its task run, and carries the result's facts.
         assert runs[name].start_time <= event.occurred <= runs[name].end_time, (name, event.occurred)
+        assert event.payload["rows"] > 0 and event.payload["bytes"] > 0
+        assert event.payload["plan"].strip()
+    assert created["orders"].payload["schema"] == {"id": "Int64", "customer": "Int64", "amount": "Float64"}
+    assert created["orders"].payload["rows"] == 1000 and created["left-over"].payload["rows"] == 10
+    assert "Parquet SCAN" in created["orders"].payload["plan"]
     consumed = {e.payload["name"]: e for e in by_name[ev.RESULT_CONSUMED]}
     assert related_ids(consumed["orders"], "task-run") == task_ref("customer-totals")
     assert related_ids(consumed["orders"], "producer") == task_ref("orders")

@@ -38,7 +38,7 @@ AFTER_A_LOCAL_RAY = """
 import json, os, sys
 import ray
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
-from prefect_cudf_polars.blocks.backends.ray.connect import reload_auth_token
+from prefect_cudf_polars.blocks.backends.compat import reload_ray_auth_token as reload_auth_token
 
 def connect(address):
     try:

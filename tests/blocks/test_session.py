@@ -1,4 +1,4 @@
-"""EngineSession: owner thread, registry, teardown on every ending, backend resolution."""
+"""EngineSession: owner thread, results, teardown on every ending, backend resolution."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prefect_cudf_polars.blocks import (
     SessionError,
     get_engine_session,
 )
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 from prefect_cudf_polars.blocks.backends.cpu import CpuRunningEngine
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
@@ -28,7 +28,7 @@ from prefect_cudf_polars.tasks import ResultReleasedError
 def thread_log(monkeypatch):
     """Record the thread of every engine call of the cpu backend."""
     calls: list[tuple[str, str]] = []
-    for name in ("execute", "collect", "shutdown", "memory_in_use"):
+    for name in ("execute", "collect", "shutdown", "read"):
         original = getattr(CpuRunningEngine, name)
 
         def spy(self, *args, _original=original, _name=name, **kwargs):
@@ -58,12 +58,12 @@ def test_every_engine_call_runs_on_one_owner_thread(cpu_block, orders, thread_lo
 
 
 def test_exit_releases_every_live_result_and_empties_the_store(cpu_block, orders):
-    before = host_store.total_partitions()
+    before = held_partitions()
     with cpu_block.session() as session:
         kept = [session.execute(pl.scan_parquet(orders)) for _ in range(3)]
-        assert host_store.total_partitions() == before + 3
+        assert held_partitions() == before + 3
         assert len(session.live_results) == 3
-    assert host_store.total_partitions() == before
+    assert held_partitions() == before
     assert [r.state for r in kept] == ["released"] * 3
     assert session.summary()["counts"] == {"produced": 3, "consumed": 0, "released_unconsumed": 3}
     with pytest.raises(ResultReleasedError, match="session ended"):
@@ -71,14 +71,14 @@ def test_exit_releases_every_live_result_and_empties_the_store(cpu_block, orders
 
 
 def test_exit_on_exception_releases_and_shuts_down(cpu_block, orders):
-    before = host_store.total_partitions()
+    before = held_partitions()
     with pytest.raises(ZeroDivisionError):
         with cpu_block.session() as session:
             r = session.execute(pl.scan_parquet(orders))
             1 / 0
     assert r.state == "released"
     assert session.closed
-    assert host_store.total_partitions() == before
+    assert held_partitions() == before
 
 
 def test_close_is_idempotent(cpu_block, orders):
@@ -158,7 +158,7 @@ def test_teardown_stops_waiting_for_an_engine_that_does_not_answer(orders, caplo
     teardown still shuts the engine down once the owner thread is free.
     """
     block = CudfPolarsEngine(backend="cpu", teardown_timeout=1.0)
-    before = host_store.total_partitions()
+    before = held_partitions()
     engine_answers = threading.Event()
     session = block.session().__enter__()
     kept = [session.execute(pl.scan_parquet(orders), name=f"kept-{i}") for i in range(2)]
@@ -170,21 +170,19 @@ def test_teardown_stops_waiting_for_an_engine_that_does_not_answer(orders, caplo
             summary = session.close()
         waited = time.monotonic() - started
         assert 1.0 <= waited < 3.0, waited
-        assert summary["teardown"] == (
-            "stopped waiting after 1 s while waiting for the engine's current call to finish"
-        )
+        assert summary["teardown"] == "stopped waiting after 1 s for the engine"
         assert [r.state for r in kept] == ["released", "released"]
         assert summary["counts"] == {"produced": 2, "consumed": 0, "released_unconsumed": 2}
         assert "teardown stopped waiting after 1 s" in caplog.text
         assert "raise teardown_timeout" in caplog.text
-        assert host_store.total_partitions() == before + 2  # the engine has not answered yet
+        assert held_partitions() == before + 2  # the engine has not answered yet
         with pytest.raises(ResultReleasedError, match="was released"):
             kept[0].lazy()
     finally:
         engine_answers.set()
         holder.join(timeout=30)
-    wait_until(lambda: host_store.total_partitions() == before, 30, "the queued teardown ran")
-    assert session.shutdown_thread.startswith("cudf-polars-engine-owner")
+    wait_until(lambda: held_partitions() == before, 30, "the queued teardown ran")
+    assert summary["shutdown_thread"].startswith("cudf-polars-engine-owner")
 
 
 def test_teardown_within_the_limit_is_complete(cpu_block, orders):
@@ -194,26 +192,27 @@ def test_teardown_within_the_limit_is_complete(cpu_block, orders):
     assert cpu_block.teardown_timeout == 20.0
 
 
-def test_teardown_stuck_inside_a_release_still_counts_every_result(orders, monkeypatch):
-    """The engine stops answering while the teardown releases the first result."""
-    from prefect_cudf_polars.blocks.backends.cpu import HostPersistedResult
+def test_teardown_stuck_inside_the_engine_shutdown_still_counts_every_result(orders, monkeypatch):
+    """The engine stops answering while it shuts down: every result is counted released all the same."""
+    from prefect_cudf_polars.blocks.backends.cpu import CpuRunningEngine
 
     engine_answers = threading.Event()
-    original = HostPersistedResult.release
+    original = CpuRunningEngine.shutdown
 
-    def release_that_hangs(self):
+    def shutdown_that_hangs(self):
         engine_answers.wait()
         original(self)
 
+    monkeypatch.setattr(CpuRunningEngine, "shutdown", shutdown_that_hangs)
     block = CudfPolarsEngine(backend="cpu", teardown_timeout=1.0)
+    before = held_partitions()
     session = block.session().__enter__()
     kept = [session.execute(pl.scan_parquet(orders), name=f"kept-{i}") for i in range(2)]
-    monkeypatch.setattr(HostPersistedResult, "release", release_that_hangs)
     try:
         summary = session.close()
-        assert summary["teardown"] == "stopped waiting after 1 s while releasing results on the ranks"
+        assert summary["teardown"] == "stopped waiting after 1 s for the engine"
         assert summary["counts"] == {"produced": 2, "consumed": 0, "released_unconsumed": 2}
         assert [r.state for r in kept] == ["released", "released"]
     finally:
         engine_answers.set()
-    wait_until(lambda: session.shutdown_thread is not None, 30, "the queued teardown ran")
+    wait_until(lambda: held_partitions() == before, 30, "the queued shutdown ran")

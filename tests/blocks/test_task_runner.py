@@ -15,7 +15,7 @@ from prefect_cudf_polars.blocks import (
     NoEngineSessionError,
     get_engine_session,
 )
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import collect, execute
 
 
@@ -49,7 +49,7 @@ def test_results_chain_and_are_released_when_the_flow_run_ends(orders):
         by_customer = execute.submit(big.lazy().group_by("customer").agg(pl.col("amount").sum()))
         return collect(by_customer.result().lazy().sort("customer"))
 
-    before = host_store.total_partitions()
+    before = held_partitions()
     report = pipeline()
     expected = (
         pl.read_parquet(orders).filter(pl.col("amount") > 50)
@@ -59,7 +59,7 @@ def test_results_chain_and_are_released_when_the_flow_run_ends(orders):
     (session,) = sessions
     assert session.closed
     assert session.summary()["counts"] == {"produced": 3, "consumed": 2, "released_unconsumed": 1}
-    assert host_store.total_partitions() == before
+    assert held_partitions() == before
 
 
 def test_each_flow_run_gets_its_own_session_from_duplicate():

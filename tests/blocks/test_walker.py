@@ -8,7 +8,7 @@ from collections import namedtuple
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
-from prefect_cudf_polars.blocks.results.walker import gpu_results_in, instances_in, replace_gpu_results
+from prefect_cudf_polars.blocks.results import replace_results, results_in
 
 Pair = namedtuple("Pair", "left right")
 
@@ -27,8 +27,8 @@ class Config(BaseModel):
 
 def test_containers_without_results_come_back_as_the_same_objects(cpu_block, orders):
     plain = (1, [2, {"k": 3}], Pair(1, 2))
-    assert replace_gpu_results(plain, lambda r: "fresh") is plain
-    assert gpu_results_in(plain) == []
+    assert replace_results(plain, lambda r: "fresh") is plain
+    assert results_in(plain) == []
 
 
 def test_results_are_found_and_replaced_in_every_container_prefect_walks(cpu_block, orders):
@@ -36,7 +36,7 @@ def test_results_are_found_and_replaced_in_every_container_prefect_walks(cpu_blo
         r = session.execute(pl.scan_parquet(orders), name="r")
         s = session.execute(pl.scan_parquet(orders), name="s")
         args = (r, [r], {"x": Pair(r, 1)}, {s: "as a dict key"}, Inputs(r, {s}), Config(result=r))
-        assert [x.name for x in gpu_results_in(args)] == ["r", "s"]
+        assert [x.name for x in results_in(args)] == ["r", "s"]
 
         calls = []
 
@@ -44,7 +44,7 @@ def test_results_are_found_and_replaced_in_every_container_prefect_walks(cpu_blo
             calls.append(result.name)
             return f"fresh-{result.name}"
 
-        swapped = replace_gpu_results(args, fresh)
+        swapped = replace_results(args, fresh)
         assert calls == ["r", "s"]  # each distinct result replaced once
         assert swapped[:4] == (
             "fresh-r",
@@ -60,4 +60,5 @@ def test_results_are_found_and_replaced_in_every_container_prefect_walks(cpu_blo
 
 def test_lazy_frames_are_leaves(cpu_block, orders):
     lf = pl.scan_parquet(orders)
-    assert instances_in({"q": [lf, lf]}, pl.LazyFrame) == [lf]
+    args = {"q": [lf, lf]}
+    assert results_in(args) == [] and replace_results(args, lambda r: "fresh") is args

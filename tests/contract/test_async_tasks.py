@@ -139,4 +139,4 @@ def test_an_async_gpu_task_returning_no_lazyframe_fails_and_frees_its_input(orde
         state.result()
     session = seen["session"]
     assert session.live_results == ()
-    assert session.summary()["memory"]["before_shutdown"] == 0  # the claimed input was freed
+    assert session.summary()["memory"]["at_end"] == 0  # the claimed input was freed

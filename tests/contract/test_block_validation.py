@@ -44,9 +44,8 @@ def test_spill_device_limit_that_is_not_bytes_or_a_percentage_is_refused(limit, 
 
 def test_spill_device_limit_in_bytes_reaches_cudf_polars_as_its_digits():
     pytest.importorskip("cudf_polars", reason="the engine options are cudf-polars' own")
-    from prefect_cudf_polars.blocks.backends.streaming_options import engine_kwargs
-
-    options = engine_kwargs(CudfPolarsEngine(backend="cpu", spill_device_limit=60_000_000_000))
+    
+    options = CudfPolarsEngine(backend="cpu", spill_device_limit=60_000_000_000).engine_kwargs()
     assert options["rapidsmpf_options"].get_strings()["spill_device_limit"] == "60000000000"
 
 
@@ -87,7 +86,7 @@ def test_the_fixed_executor_option_names_are_cudf_polars_own():
     import dataclasses
 
     from cudf_polars_import import cudf_polars_or_skip
-    from prefect_cudf_polars.blocks.backends.executor_options import STREAMING_EXECUTOR_FIELDS
+    from prefect_cudf_polars.blocks.engine_block import STREAMING_EXECUTOR_FIELDS
 
     cudf_polars_or_skip()
     from cudf_polars.utils.config import StreamingExecutor
@@ -98,7 +97,7 @@ def test_the_fixed_executor_option_names_are_cudf_polars_own():
 def test_without_cudf_polars_executor_options_are_checked_against_the_26_10_names(monkeypatch):
     import sys
 
-    from prefect_cudf_polars.blocks.backends import executor_options
+    from prefect_cudf_polars.blocks import engine_block as executor_options
 
     monkeypatch.setitem(sys.modules, "cudf_polars", None)  # import cudf_polars raises ImportError
     executor_options.streaming_executor_fields.cache_clear()

@@ -19,7 +19,8 @@ import pytest
 from polars.testing import assert_frame_equal
 from prefect import flow
 
-from api_reads import artifacts_of, task_runs_of
+from api_reads import events_of
+from prefect_cudf_polars.blocks.telemetry import RESULT_CREATED
 from cudf_polars_import import cudf_polars_or_skip
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
@@ -70,9 +71,16 @@ def test_preview_forms_on_the_cpu_backend_equal_polars(cpu_block, orders, form):
     assert live == ()
 
 
+def plan_of(flow_run_id, name: str, *, results: int) -> str:
+    """The plan in the ``result.created`` event of the flow run's result ``name`` (read back from the API)."""
+    [plan] = [e.payload["plan"] for e in events_of(flow_run_id, expect={RESULT_CREATED: results})
+              if e.event == RESULT_CREATED and e.payload["name"] == name]
+    return plan
+
+
 @pytest.mark.parametrize("form", PUSHED)
 def test_the_plan_the_engine_runs_keeps_the_row_limit_out_of_the_results_scan(cpu_block, orders, form):
-    """The GPU task run's artifact shows the plan the engine got: a slice above the scan."""
+    """The result's ``result.created`` event shows the plan the engine got: a slice above the scan."""
 
     @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
     def pipeline():
@@ -81,8 +89,7 @@ def test_the_plan_the_engine_runs_keeps_the_row_limit_out_of_the_results_scan(cp
     state = pipeline(return_state=True)
     assert state.is_completed(), state
     flow_run_id = state.state_details.flow_run_id
-    [artifact] = artifacts_of(task_run_id=task_runs_of(flow_run_id, final=True)["preview"].id)
-    plan = artifact.data
+    plan = plan_of(flow_run_id, "preview", results=2)
     assert "PYTHON SCAN" in plan, plan
     assert "SLICE[offset: 0" in plan, plan
     assert "SLICE: Positive" not in plan, plan
@@ -176,7 +183,7 @@ def test_a_zero_column_read_of_a_result_is_refused_before_the_engine_runs(cpu_bl
     """As cudf-polars 26.10 refuses a zero-column projection of a persisted result; the message names what works."""
     state, session = collect_zero_column_read(cpu_block, orders, form)
     assert_refused_before_the_engine_ran(state, session)
-    assert session.summary()["memory"]["before_shutdown"] == 0  # the claimed result was freed
+    assert session.summary()["memory"]["at_end"] == 0  # the claimed result was freed
 
 
 def test_counting_a_results_rows_reads_one_column_and_runs(cpu_block, orders):
@@ -219,9 +226,9 @@ def test_a_row_limit_above_the_results_scan_keeps_slice_pushdown(orders):
     engine = CudfPolarsEngine(backend="cpu", raise_on_fail=True)  # checked as the GPU would, where cudf-polars is installed
     got, flow_run_id = collect_top_customers(engine, orders)
     assert_frame_equal(got, largest_customers(pl.scan_parquet(orders)).collect())
-    [artifact] = artifacts_of(task_run_id=task_runs_of(flow_run_id, final=True)["largest-customers"].id)
-    assert "SORT BY [slice: (0, 3" in artifact.data, artifact.data  # top-k: the limit inside the sort
-    assert "SLICE[offset" not in artifact.data and "SLICE: Positive" not in artifact.data, artifact.data
+    plan = plan_of(flow_run_id, "largest-customers", results=2)
+    assert "SORT BY [slice: (0, 3" in plan, plan  # top-k: the limit inside the sort
+    assert "SLICE[offset" not in plan and "SLICE: Positive" not in plan, plan
 
 
 @pytest.mark.gpu
@@ -249,12 +256,12 @@ LIMIT_FORMS = {
 
 @pytest.mark.parametrize("form", list(LIMIT_FORMS))
 def test_slice_pushdown_is_off_exactly_where_a_limit_would_reach_a_results_scan(cpu_block, orders, form):
-    from prefect_cudf_polars.blocks.backends.result_scans import engine_flags
+    from prefect_cudf_polars.blocks.backends.plans import prepare
 
     build, pushed = LIMIT_FORMS[form]
     with cpu_block.session() as session:
         r = session.execute(pl.scan_parquet(orders).with_columns(note=pl.lit("x\ny")), name="orders")
         lf = build(r.lazy())
-        assert engine_flags(lf).slice_pushdown is not pushed, lf.explain()
+        assert prepare(lf)[0].slice_pushdown is not pushed, lf.explain()
         expected = build(pl.scan_parquet(orders).with_columns(note=pl.lit("x\ny"))).collect()
         assert_frame_equal(session.collect(lf).sort(expected.columns), expected.sort(expected.columns))

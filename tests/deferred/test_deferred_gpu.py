@@ -68,7 +68,7 @@ def test_a_fused_chain_on_the_gpu_equals_polars_and_device_memory_returns(spmd, 
     summary = session.summary()
     assert summary["engine_calls"] == 2  # key-sums (with both deferred steps), then collect
     assert summary["counts"] == {"produced": 3, "consumed": 3, "released_unconsumed": 0}
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+    assert summary["memory"]["at_end"] == summary["memory"]["at_start"]
 
 
 def test_a_deferred_result_released_unread_frees_its_inputs_device_memory(spmd, rows):
@@ -124,4 +124,4 @@ def test_a_deferred_step_the_gpu_refuses_fails_in_its_reader_naming_the_step(spm
     assert after == start  # the refused call's claimed inputs were freed
     assert groups == 1000
     summary = session.summary()
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+    assert summary["memory"]["at_end"] == summary["memory"]["at_start"]

@@ -16,8 +16,9 @@ from polars.testing import assert_frame_equal
 from prefect import flow
 
 from api_reads import artifacts_of, events_of, task_runs_of
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.monitoring import events as ev
+from prefect_cudf_polars.blocks import telemetry as ev
 from prefect_cudf_polars.tasks import (
     GPUResult,
     ResultConsumedError,
@@ -104,7 +105,7 @@ def test_a_fused_chain_gives_the_rows_of_the_materialized_chain_in_one_engine_ca
     assert fused_session.summary()["engine_calls"] == 2
     assert plain_session.summary()["engine_calls"] == 5
     assert fused_session.summary()["counts"] == {"produced": 4, "consumed": 4, "released_unconsumed": 0}
-    assert fused_session.summary()["memory"]["before_shutdown"] == fused_session.summary()["memory"]["at_start"]
+    assert fused_session.summary()["memory"]["at_end"] == fused_session.summary()["memory"]["at_start"]
 
 
 def test_a_bad_column_fails_in_the_deferring_task_run(orders):
@@ -191,11 +192,14 @@ def test_a_deferred_result_left_unread_is_released_unconsumed_at_session_end(ord
         unread = later(execute(pl.scan_parquet(orders), name="orders"))
         return session, unread
 
+    before = held_partitions()
     (session, unread), _ = run(pipeline)
     assert unread.state == "released" and not unread.holding and unread.held_inputs == ()
     summary = session.summary()
     assert summary["counts"] == {"produced": 2, "consumed": 1, "released_unconsumed": 1}
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+    # The deferred step held its input's partition until the end; the end released it.
+    assert summary["memory"]["at_end"] > summary["memory"]["at_start"]
+    assert held_partitions() == before
 
 
 def test_a_failed_reader_frees_what_the_deferred_step_held(orders):
@@ -259,7 +263,7 @@ def test_a_deferred_result_read_by_another_session_is_refused_and_stays_live(ord
     assert rows == pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect().height
     summary = session.summary()
     assert summary["counts"]["released_unconsumed"] == 0
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+    assert summary["memory"]["at_end"] == summary["memory"]["at_start"]
 
 
 def test_a_deferred_result_is_read_once(orders):
@@ -306,7 +310,7 @@ def test_a_retried_reader_replays_the_deferred_steps(orders):
     assert calls == {"big": 2, "reader": 2}  # the retry replayed the deferred step's lineage
     summary = session.summary()
     assert summary["counts"]["released_unconsumed"] == 0
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+    assert summary["memory"]["at_end"] == summary["memory"]["at_start"]
 
 
 def test_a_replayed_deferred_step_still_names_the_task_run_that_deferred_it(orders):
@@ -351,8 +355,8 @@ def test_a_replayed_deferred_step_still_names_the_task_run_that_deferred_it(orde
 def test_a_failed_engine_call_holding_a_session_error_gets_no_fused_step_note():
     """The session ended: the note would blame steps that did not fail, so none is added."""
     from prefect_cudf_polars.blocks.errors import SessionError
-    from prefect_cudf_polars.blocks.results.result import FusedStep
-    from prefect_cudf_polars.blocks.session.session import _fused_note
+    from prefect_cudf_polars.blocks.results import FusedStep
+    from prefect_cudf_polars.blocks.results import fused_note as _fused_note
 
     steps = (FusedStep("wide-orders", "task run 'wide-orders'", None),)
     ended = SessionError("the engine session has ended")
@@ -389,7 +393,7 @@ def test_tee_of_a_deferred_result_gives_deferred_copies_that_each_run_the_plan(o
     assert len(calls) == 2  # the second copy replays the deferred step
     summary = session.summary()
     assert summary["counts"]["released_unconsumed"] == 0
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+    assert summary["memory"]["at_end"] == summary["memory"]["at_start"]
 
 
 def test_the_readers_artifact_lists_the_fused_steps_and_each_deferred_step_says_so(orders):
@@ -484,7 +488,7 @@ def test_sink_parquet_of_a_deferred_result_runs_the_plan_and_frees_what_it_held(
     counts = session.summary()
     assert counts["engine_calls"] == 2  # the scan, then the sink with the deferred step in it
     assert counts["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
-    assert counts["memory"]["before_shutdown"] == counts["memory"]["at_start"]
+    assert counts["memory"]["at_end"] == counts["memory"]["at_start"]
 
 
 def test_a_task_refused_an_input_a_deferred_step_holds_leaves_it_to_the_reader(orders):
@@ -512,5 +516,5 @@ def test_a_task_refused_an_input_a_deferred_step_holds_leaves_it_to_the_reader(o
             state.result()
     assert_frame_equal(rows, pl.scan_parquet(orders).filter(pl.col("amount") > 50).collect())
     summary = session.summary()
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"], summary["memory"]
+    assert summary["memory"]["at_end"] == summary["memory"]["at_start"], summary["memory"]
     assert summary["counts"] == {"produced": 2, "consumed": 2, "released_unconsumed": 0}, summary["counts"]

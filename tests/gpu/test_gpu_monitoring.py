@@ -21,8 +21,8 @@ from api_reads import artifacts_of, events_of, task_runs_of
 from deployment_harness import deploy_and_run_once, prefect_server
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
-from prefect_cudf_polars.blocks.monitoring import events as ev
-from prefect_cudf_polars.blocks.monitoring.artifacts import summary_key
+from prefect_cudf_polars.blocks import telemetry as ev
+from prefect_cudf_polars.blocks.telemetry import summary_key
 
 pytestmark = pytest.mark.gpu
 

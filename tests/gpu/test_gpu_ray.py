@@ -38,7 +38,7 @@ def test_local_ray_started_and_stopped_by_the_session(data):
         live = session.execute(query(data))
         ray_pids = child_pids() - before
     assert live.state == "released"
-    assert session.memory["before_shutdown"] == session.memory["at_start"]
+    assert session.memory["at_end"] == session.memory["at_start"]
     assert not ray.is_initialized()
     assert wait_gone(ray_pids, timeout=60) == set(), "the session's Ray processes were left behind"
 
@@ -52,7 +52,7 @@ def test_external_ray_keeps_running_and_holds_none_of_our_actors(data, ray_head)
         check_results_on_every_rank(session, data, GPUS)
         kept = session.execute(query(data))
     assert kept.state == "released"
-    assert session.memory["before_shutdown"] == session.memory["at_start"]
+    assert session.memory["at_end"] == session.memory["at_start"]
     # The cluster runs on, with every GPU free again: our rank actors (one GPU each) are gone.
     ray.init(address=ray_head)
     try:

@@ -108,7 +108,7 @@ def test_session_end_releases_live_results_and_memory_returns_to_start(spmd, big
         live = [session.execute(pl.scan_parquet(big)) for _ in range(2)]
         assert session.memory_in_use() > session.memory["at_start"]
     summary = session.summary()
-    assert summary["memory"]["before_shutdown"] == summary["memory"]["at_start"]
+    assert summary["memory"]["at_end"] == summary["memory"]["at_start"]
     assert summary["peak_memory"] > summary["memory"]["at_start"] + 100 * 2**20
     assert summary["counts"]["released_unconsumed"] == 2
     assert [r.state for r in live] == ["released", "released"]

@@ -23,7 +23,7 @@ from prefect_cudf_polars.blocks import (
     SessionError,
     get_engine_session,
 )
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks.backends.engine_errors import translate_engine_error
 from prefect_cudf_polars.tasks import (
     DeviceMemoryError,
@@ -42,9 +42,9 @@ RUNNER = lambda: CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu"))  # noqa: 
 
 @pytest.fixture()
 def store_is_restored():
-    before = host_store.total_partitions()
+    before = held_partitions()
     yield
-    assert host_store.total_partitions() == before
+    assert held_partitions() == before
 
 
 @pytest.mark.parametrize(
@@ -104,12 +104,12 @@ def test_join_on_columns_that_do_not_exist(engine_block, orders, store_is_restor
     @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def no_such_column():
         session = get_engine_session()
-        before = host_store.total_partitions()
+        before = held_partitions()
         r = execute(pl.scan_parquet(orders))
         with pytest.raises(expected, match="customer_id"):
             bad_join(r)
         freed = session.memory_in_use() == session.memory["at_start"]
-        return r.state, host_store.total_partitions() - before, freed, collect(pl.scan_parquet(orders)).height
+        return r.state, held_partitions() - before, freed, collect(pl.scan_parquet(orders)).height
 
     state, left_in_store, freed, rows = no_such_column()
     assert state == "consumed" and left_in_store == 0 and freed  # claimed by the failed step, and freed by it

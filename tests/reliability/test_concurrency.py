@@ -18,7 +18,7 @@ import pytest
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsTaskRunner
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks.backends.cpu import CpuRunningEngine
 from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
@@ -36,13 +36,13 @@ def overlap(monkeypatch, engine_block):
     for name in ("execute", "collect"):
         original = getattr(running, name)
 
-        def spy(self, lf, _original=original):
+        def spy(self, lf, flags, _original=original):
             with lock:
                 state["now"] += 1
                 state["most"] = max(state["most"], state["now"])
                 state["threads"].add(threading.current_thread().name)
             try:
-                return _original(self, lf)
+                return _original(self, lf, flags)
             finally:
                 with lock:
                     state["now"] -= 1
@@ -58,7 +58,7 @@ def customer_total(r: GPUResult, customer: int) -> pl.LazyFrame:
 
 @pytest.mark.timeout(240)
 def test_32_tasks_at_once_on_one_session(engine_block, orders, overlap):
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
 
     @flow(task_runner=CudfPolarsTaskRunner(engine_block, max_workers=TASKS))
     def at_once():
@@ -74,4 +74,4 @@ def test_32_tasks_at_once_on_one_session(engine_block, orders, overlap):
         assert df["amount"].item() == part["amount"].sum() and df["len"].item() == part.height
     assert overlap["most"] == 1, "engine calls overlapped"
     assert len(overlap["threads"]) == 1 and overlap["threads"].pop().startswith("cudf-polars-engine-owner")
-    assert host_store.total_partitions() == store_before
+    assert held_partitions() == store_before

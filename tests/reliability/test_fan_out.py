@@ -7,7 +7,7 @@ import pytest
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import (
     CannotRecomputeError,
     GPUResult,
@@ -32,7 +32,7 @@ def top_orders(r: GPUResult) -> pl.LazyFrame:
 
 
 def test_tee_feeds_independent_downstream_tasks(engine_block, orders):
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
     seen = {}
 
     @flow(task_runner=CudfPolarsTaskRunner(engine_block))
@@ -51,7 +51,7 @@ def test_tee_feeds_independent_downstream_tasks(engine_block, orders):
     assert everything.sort("id").equals(source.sort("id"))
     assert seen["states"] == ("consumed", "live", "live", "live")
     assert len(seen["ids"]) == 4
-    assert host_store.total_partitions() == store_before
+    assert held_partitions() == store_before
 
 
 def test_tee_of_a_result_two_steps_down_a_chain(engine_block, orders):
@@ -121,7 +121,7 @@ def test_tee_refuses_an_unreplayable_result_and_loses_nothing(engine_block, orde
 def test_tee_whose_replay_fails_keeps_the_original(engine_block, tmp_path):
     path = tmp_path / "once.parquet"
     pl.DataFrame({"x": [1, 2, 3]}).write_parquet(path)
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
 
     @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def file_gone():
@@ -133,7 +133,7 @@ def test_tee_whose_replay_fails_keeps_the_original(engine_block, tmp_path):
         return collect(r)["x"].to_list()
 
     assert file_gone() == [1, 2, 3]
-    assert host_store.total_partitions() == store_before
+    assert held_partitions() == store_before
 
 
 def test_tee_argument_checks(engine_block, orders):

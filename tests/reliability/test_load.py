@@ -29,7 +29,7 @@ import pytest
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 
@@ -57,14 +57,20 @@ def cudf_polars_alone(orders: Path, steps: int) -> list[int]:
     """The same chain on cudf-polars' ``SPMDEngine`` alone: rmm's figure every 100 steps (bytes)."""
     from cudf_polars.engine.spmd import SPMDEngine
 
-    from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes
+    from prefect_cudf_polars.blocks.backends.compat import rank_reading
+
+    
+
+    def rank_allocated_bytes():
+
+        return rank_reading()[0]
     from prefect_cudf_polars.blocks import CudfPolarsEngine
-    from prefect_cudf_polars.blocks.backends.streaming_options import engine_kwargs, silence_unstable_warning
+    from prefect_cudf_polars.blocks.backends.streaming import silence_unstable_warning
 
     silence_unstable_warning()
     figures = []
     block = CudfPolarsEngine(backend="spmd", raise_on_fail=True)
-    with SPMDEngine(**engine_kwargs(block)) as engine:
+    with SPMDEngine(**block.engine_kwargs()) as engine:
         start = rank_allocated_bytes()
         r = engine.execute(pl.scan_parquet(orders))
         for i in range(1, steps):
@@ -89,7 +95,7 @@ def test_a_flow_of_1000_small_tasks_keeps_memory_flat(engine_block, orders):
             if (i + 1) % 100 == 0:
                 gc.collect()
                 readings.append(
-                    (i + 1, rss_bytes(), session.memory_in_use(), host_store.total_partitions(),
+                    (i + 1, rss_bytes(), session.memory_in_use(), held_partitions(),
                      len(session.live_results))
                 )
         total = collect(r.lazy().select(pl.col("amount").sum()))
@@ -97,7 +103,7 @@ def test_a_flow_of_1000_small_tasks_keeps_memory_flat(engine_block, orders):
         ends["at_start"] = session.memory["at_start"]
         return total
 
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
     total = thousand()
     expected = pl.read_parquet(orders)["amount"].sum() + (TASKS - 1) * 1000
     assert total.item() == pytest.approx(expected)
@@ -120,7 +126,7 @@ def test_a_flow_of_1000_small_tasks_keeps_memory_flat(engine_block, orders):
     growth = readings[-1][1] - readings[1][1]
     print(f"RSS growth from task 200 to task {TASKS}: {growth / 2**20:.1f} MiB")
     assert growth < FLAT_BYTES, f"host memory grew {growth / 2**20:.1f} MiB over 800 tasks"
-    assert host_store.total_partitions() == store_before
+    assert held_partitions() == store_before
 
 
 def test_results_held_by_futures_after_consumption_keep_no_engine_memory(engine_block, orders):
@@ -141,13 +147,13 @@ def test_results_held_by_futures_after_consumption_keep_no_engine_memory(engine_
         counts = [rows(f) for f in futures]  # consumes each result; the futures still hold them
         results = [f.result() for f in futures]
         probes["persisted"] = [r.persisted for r in results]
-        probes["store"] = host_store.total_partitions()
+        probes["store"] = held_partitions()
         session = get_engine_session()
         probes["engine_memory_back_to_start"] = session.memory_in_use() == session.memory["at_start"]
         probes["states"] = [r.state for r in results]
         return counts, futures
 
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
     counts, futures = held()
     assert [c.item() for c in counts] == [1000] * 4
     # The handles are still reachable through the futures, yet they let go of
@@ -161,7 +167,7 @@ def test_results_held_by_futures_after_consumption_keep_no_engine_memory(engine_
 
 
 def test_a_consumed_handles_persisted_result_is_garbage_collected(cpu_block, orders):
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
     with cpu_block.session() as session:
         r = session.execute(pl.scan_parquet(orders))
         probe = weakref.ref(r.persisted)
@@ -170,4 +176,4 @@ def test_a_consumed_handles_persisted_result_is_garbage_collected(cpu_block, ord
         gc.collect()
         assert probe() is None  # the handle `r` is alive, the engine's result is not
         assert r.state == "consumed"
-        assert host_store.total_partitions() == store_before
+        assert held_partitions() == store_before

@@ -12,7 +12,7 @@ import pytest
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import (
     CannotRecomputeError,
     GPUResult,
@@ -35,7 +35,7 @@ def expected_totals(orders) -> pl.DataFrame:
 
 def test_retry_recomputes_the_input_its_first_attempt_consumed(engine_block, orders):
     attempts = []
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
 
     @gpu_task(retries=1, retry_delay_seconds=0)
     def totals(r: GPUResult) -> pl.LazyFrame:
@@ -55,7 +55,7 @@ def test_retry_recomputes_the_input_its_first_attempt_consumed(engine_block, ord
     assert out.equals(expected_totals(orders))
     first, second = attempts
     assert first == original.id and second != original.id  # the retry read a recomputed result
-    assert host_store.total_partitions() == store_before
+    assert held_partitions() == store_before
 
 
 def test_retry_two_steps_down_a_chain_recomputes_the_whole_chain(engine_block, orders):
@@ -164,11 +164,11 @@ def test_execute_and_collect_with_retries_recompute_too(orders, monkeypatch):
     for name in failures:
         original = getattr(CpuRunningEngine, name)
 
-        def flaky(self, lf, _original=original, _name=name):
+        def flaky(self, lf, flags, _original=original, _name=name):
             if armed and failures[_name] and "PYTHON SCAN" in lf.explain(optimized=False):
                 failures[_name] -= 1  # fail once, after the input was claimed
                 raise OSError(f"transient {_name} failure")
-            return _original(self, lf)
+            return _original(self, lf, flags)
 
         monkeypatch.setattr(CpuRunningEngine, name, flaky)
 

@@ -27,7 +27,7 @@ from prefect_cudf_polars.blocks import (
     CudfPolarsTaskRunner,
     get_engine_session,
 )
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from nvidia_smi import device_memory_used_mib, wait_back_to
 from process_worker import SUBPROCESS_BACKENDS, cancel_and_wait, process_worker_deployment
@@ -38,7 +38,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 END_LINE = re.compile(
     r"engine session ended: backend=(\w+), results produced (\d+), consumed (\d+), "
     r"released unconsumed (\d+); (?:host store|device memory \(rmm statistics\)) at start "
-    r"(\S+), before shutdown (\S+),.* on thread (\S+)$"
+    r"(\S+), peak \S+, held at the end (\S+) \(bytes\);.* on thread (\S+)$"
 )
 
 
@@ -105,7 +105,7 @@ def test_flow_retry_releases_the_failed_attempt_before_the_next_starts(engine_bl
                 "session": session,
                 "previous_closed": previous.closed if previous else None,
                 "previous_live": len(previous.live_results) if previous else None,
-                "store_at_start": host_store.total_partitions(),
+                "store_at_start": held_partitions(),
             }
         )
         execute(pl.scan_parquet(orders), name="left by attempt")
@@ -113,7 +113,7 @@ def test_flow_retry_releases_the_failed_attempt_before_the_next_starts(engine_bl
             raise RuntimeError("first attempt fails")
         return "done"
 
-    store_before = host_store.total_partitions()
+    store_before = held_partitions()
     assert flaky() == "done"
     first, second = seen
     assert second["previous_closed"] is True and second["previous_live"] == 0
@@ -195,13 +195,14 @@ def _assert_flow_process_torn_down(evidence: Path, ready: dict, backend: str) ->
     lines = [m for m in log if "session ended" in m]
     assert len(lines) == 1, _evidence(evidence)
     (line,) = lines
-    found, produced, consumed, released, at_start, before_shutdown, thread = END_LINE.search(line).groups()
+    found, produced, consumed, released, at_start, held_at_end, thread = END_LINE.search(line).groups()
     assert (found, produced, consumed, released) == (backend, "3", "1", "2"), line
     # An owned Dask cluster or local Ray runs outside the flow run's process group, so a
     # group SIGTERM leaves it answering until the teardown has released every result.
     gave_up = [m for m in log if "teardown stopped waiting" in m]
     assert gave_up == [], gave_up
-    assert before_shutdown == at_start == str(ready["memory_at_start"]), line  # memory back to start
+    # The two live results were held until the end, and the session released them then.
+    assert at_start == str(ready["memory_at_start"]) and held_at_end == str(ready["memory_held"]), line
     assert thread.startswith("cudf-polars-engine-owner")
 
 

@@ -7,7 +7,7 @@ import pytest
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import (
     GPUResult,
     ResultConsumedError,
@@ -101,13 +101,13 @@ def test_self_join_on_one_result_becomes_result_consumed_error(orders):
 
 
 def test_a_failing_step_frees_the_input_it_claimed(orders):
-    before = host_store.total_partitions()
+    before = held_partitions()
     seen = {}
 
     @gpu_task
     def breaks(r: GPUResult) -> pl.LazyFrame:
         r.lazy()
-        seen["store"] = host_store.total_partitions()
+        seen["store"] = held_partitions()
         raise ValueError("bug in the user's step")
 
     @flow(task_runner=RUNNER())
@@ -117,7 +117,7 @@ def test_a_failing_step_frees_the_input_it_claimed(orders):
             breaks(r)
         except ValueError:
             pass
-        seen["after"] = host_store.total_partitions()
+        seen["after"] = held_partitions()
         return r.state
 
     assert pipeline() == "consumed"

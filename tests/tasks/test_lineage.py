@@ -6,10 +6,11 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import CannotRecomputeError, GPUResult
-from prefect_cudf_polars.blocks.backends.result_scans import reads_in_process_source
-from prefect_cudf_polars.blocks.results.lineage import Lineage
+from prefect_cudf_polars.blocks.backends.plans import reads_in_process_source
+from prefect_cudf_polars.blocks.lineage import Lineage
+from prefect_cudf_polars.tasks.calls import replay
 
 
 def test_in_process_sources_are_found_in_a_plan(cpu_block, orders):
@@ -22,7 +23,7 @@ def test_in_process_sources_are_found_in_a_plan(cpu_block, orders):
 
 
 def test_results_record_their_lineage_and_replay_it(cpu_block, orders):
-    before = host_store.total_partitions()
+    before = held_partitions()
 
     def step(r: GPUResult, limit: float) -> pl.LazyFrame:
         return r.lazy().filter(pl.col("amount") > limit)
@@ -32,11 +33,11 @@ def test_results_record_their_lineage_and_replay_it(cpu_block, orders):
         assert base.lineage.label == "execute(LazyFrame)" and base.lineage.unreplayable_reason() is None
         lineage = Lineage(step, (base,), {"limit": 90.0}, label="gpu_task 'step'")
         first = session.execute(step(base, limit=90.0), lineage=lineage)
-        again = first.lineage.replay(session, name="again")
-        assert again.lineage is lineage and again.state == "live"
+        again = replay(session, first)
+        assert again.lineage is lineage and again.state == "live" and again.name == first.name
         assert session.collect(again.lazy()).equals(session.collect(first.lazy()))
         assert base.state == "consumed"  # the replay read a fresh base, never this one
-    assert host_store.total_partitions() == before
+    assert held_partitions() == before
 
 
 def test_a_query_built_from_a_results_frame_is_not_replayable(cpu_block, orders):
@@ -45,7 +46,7 @@ def test_a_query_built_from_a_results_frame_is_not_replayable(cpu_block, orders)
         derived = session.execute(base.lazy().head(3))
         reason = derived.lineage.unreplayable_reason()
         assert "GPUResult's .lazy() frame built outside a GPU task" in reason
-        with pytest.raises(CannotRecomputeError, match="Cannot recompute 'x'") as info:
-            derived.lineage.replay(session, name="x")
+        with pytest.raises(CannotRecomputeError, match="Cannot recompute 'query'") as info:
+            replay(session, derived)
         assert info.value.reason == reason
         assert derived.state == "live"

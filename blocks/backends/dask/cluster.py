@@ -166,24 +166,10 @@ class DaskConnection:
 
 
 def local_cuda_cluster(block: CudfPolarsEngine) -> Any:
-    """
-    Start a ``dask_cuda.LocalCUDACluster``: one worker per visible GPU.
-
-    Uses the block's ``device_memory_pool_size`` (rmm pool per worker, bytes)
-    and ``spill_device_limit`` (dask-cuda's ``device_memory_limit``).
-    """
+    """Start a ``dask_cuda.LocalCUDACluster``: one worker per visible GPU (see ``CudfPolarsEngine.local_cluster_kwargs``)."""
     from dask_cuda import LocalCUDACluster
 
-    kwargs: dict[str, Any] = {"threads_per_worker": 1}
-    if block.device_memory_pool_size is not None:
-        kwargs["rmm_pool_size"] = block.device_memory_pool_size
-    if block.spill_device_limit is not None:
-        limit = str(block.spill_device_limit)
-        # dask-cuda's device_memory_limit: a fraction of GPU memory, or bytes.
-        kwargs["device_memory_limit"] = (
-            float(limit[:-1]) / 100 if limit.endswith("%") else int(limit)
-        )
-    return LocalCUDACluster(**kwargs)
+    return LocalCUDACluster(**block.local_cluster_kwargs())
 
 
 def connect(

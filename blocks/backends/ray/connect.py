@@ -12,7 +12,8 @@ without ``ray_address``) writes that file; a client only sends the token when
 
 Ray also keeps the token it loaded for the life of the process: a process that
 ran one Ray session and then connects to a cluster with another token sends the
-old one (:func:`reload_auth_token`).
+old one, so each Ray session makes Ray read it again first
+(:func:`~prefect_cudf_polars.blocks.backends.compat.reload_ray_auth_token`).
 """
 
 from __future__ import annotations
@@ -68,34 +69,3 @@ def explain_connect_failure(address: str, exc: BaseException) -> RayClusterError
         "that the head is running (`ray status --address ...`), and that this machine "
         "can reach it; or leave ray_address empty to start a local Ray for the session."
     )
-
-
-def reload_auth_token() -> None:
-    """
-    Make Ray read its authentication token again before the next ``ray.init()``.
-
-    Ray (2.60) loads the token once per process, from ``RAY_AUTH_TOKEN``,
-    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, and keeps it. A process
-    that ran a local Ray (whose ``ray.init()`` generates and loads a token)
-    and then connects to a cluster with another token sends the stale one, and
-    the cluster answers ``InvalidAuthToken``; likewise the other way round. Each
-    Ray session calls this before starting, so it uses the token its environment
-    holds now.
-
-    Ray 2.60 also caches ``RAY_AUTH_MODE`` in its configuration when it is
-    imported, so a mode set in the environment later (a local head's
-    ``token``, or its removal) is not seen until the configuration is read
-    again.
-
-    Uses Ray 2.60's ``ray._raylet.Config.initialize("")`` (what Ray's own
-    ``_enable_token_auth`` calls after setting ``RAY_AUTH_MODE``) and
-    ``ray._raylet.AuthenticationTokenLoader.reset_cache`` (what ``ray.init()``
-    itself calls after writing a new token); does nothing with a Ray that has
-    no token authentication.
-    """
-    try:
-        from ray._raylet import AuthenticationTokenLoader, Config
-    except ImportError:
-        return
-    Config.initialize("")  # Ray 2.60: re-read RAY_AUTH_MODE from the environment
-    AuthenticationTokenLoader.instance().reset_cache()

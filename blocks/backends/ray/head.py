@@ -24,9 +24,7 @@ request (Ray 2.60). So the session starts the head itself:
   (``ray start --head`` turns token authentication on by itself when
   ``~/.ray/auth_token`` exists; see :mod:`~prefect_cudf_polars.blocks.backends.ray.connect`).
 
-Ray internals used here (Ray 2.60): ``ray.scripts.scripts.main`` (the ``ray``
-command line) and ``ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER``
-(see :func:`disable_failure_signal_handler`).
+The guardian runs Ray's command line (``ray.scripts.scripts.main``, Ray 2.60).
 """
 
 from __future__ import annotations
@@ -40,7 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-from prefect_cudf_polars.blocks.backends.ray.connect import RayClusterError, reload_auth_token
+from prefect_cudf_polars.blocks.backends.compat import reload_ray_auth_token
+from prefect_cudf_polars.blocks.backends.ray.connect import RayClusterError
 from prefect_cudf_polars.blocks.backends.ray.guardian import session_members
 
 #: Seconds to wait for the head's GCS port to answer.
@@ -50,22 +49,6 @@ START_TIMEOUT_S = 60.0
 GUARDIAN = Path(__file__).with_name("guardian.py")
 
 _AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
-
-
-def disable_failure_signal_handler() -> None:
-    """
-    Keep Ray's C++ failure signal handler out of this driver (before ``ray.init``).
-
-    With it, a SIGTERM to the driver prints ``*** SIGTERM received`` and arms an
-    abort 3 s later (absl's ``alarm_on_failure_secs``), which ends the flow
-    process in the middle of its teardown. Ray reads
-    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` when ``ray._private.ray_constants`` is
-    imported and the driver's core worker reads that constant at ``ray.init``
-    (Ray 2.60); both are set, for a Ray imported before this call.
-    """
-    os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
-    if "ray._private.ray_constants" in sys.modules:
-        sys.modules["ray._private.ray_constants"].RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 def _free_port() -> int:
@@ -130,7 +113,7 @@ class LocalHead:
             self.stop()
             raise
         os.environ["RAY_AUTH_MODE"], os.environ["RAY_AUTH_TOKEN"] = "token", token
-        reload_auth_token()
+        reload_ray_auth_token()
 
     def _wait_until_it_answers(self, port: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -169,7 +152,7 @@ class LocalHead:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        reload_auth_token()
+        reload_ray_auth_token()
 
 
 def start_local_head() -> LocalHead:

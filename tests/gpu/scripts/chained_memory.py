@@ -57,7 +57,10 @@ def referrer_chain(kind: str) -> list[str]:
 
 
 def rmm_bytes() -> int | None:
-    from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes
+    from prefect_cudf_polars.blocks.backends.compat import rank_reading
+    
+    def rank_allocated_bytes():
+        return rank_reading()[0]
 
     return rank_allocated_bytes()
 

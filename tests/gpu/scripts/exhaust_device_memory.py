@@ -34,7 +34,10 @@ import numpy as np
 import polars as pl
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
-from prefect_cudf_polars.blocks.backends.device_memory import rank_allocated_bytes
+from prefect_cudf_polars.blocks.backends.compat import rank_reading
+
+def rank_allocated_bytes():
+    return rank_reading()[0]
 from prefect_cudf_polars.tasks import DeviceMemoryError
 
 LIMIT = 256 * 2**20
@@ -100,16 +103,16 @@ def ours(out: dict, *, fail: bool) -> None:
         out["at_end"] = session.memory_in_use()
     finally:
         session.close()
-    out["before_shutdown"] = session.summary()["memory"]["before_shutdown"]
+    out["at_end"] = session.summary()["memory"]["at_end"]
 
 
 def alone(out: dict) -> None:
     from cudf_polars.engine.spmd import SPMDEngine
 
-    from prefect_cudf_polars.blocks.backends.streaming_options import engine_kwargs, silence_unstable_warning
+    from prefect_cudf_polars.blocks.backends.streaming import silence_unstable_warning
 
     silence_unstable_warning()
-    with SPMDEngine(**engine_kwargs(CudfPolarsEngine(backend="spmd", raise_on_fail=True))) as engine:
+    with SPMDEngine(**CudfPolarsEngine(backend="spmd", raise_on_fail=True).engine_kwargs()) as engine:
         out["at_start"] = rank_allocated_bytes()
         kept = engine.execute(pl.LazyFrame({"k": [1, 2, 3]}))
         fail_twice(out, engine.execute, rank_allocated_bytes)

@@ -64,7 +64,7 @@ def main() -> dict:
     for _ in range(RUNS):
         leaves_two_results()
         session = ends.pop()
-        out["rmm_before_shutdown"].append(session.summary()["memory"]["before_shutdown"])
+        out["rmm_before_shutdown"].append(session.summary()["memory"]["at_end"])
         out["engine_freed"].append(session.summary()["engine_freed"])
         del session
         out["driver_used_after_run"].append(settled_driver_used())

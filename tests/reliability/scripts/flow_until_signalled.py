@@ -29,7 +29,7 @@ from prefect import flow
 from prefect.context import FlowRunContext
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.backends import host_store
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import collect, execute
 
 
@@ -80,7 +80,7 @@ def hold_results(evidence: str, path: str, wait_s: float = 120.0) -> int:
                 "flow_run_id": str(ctx.flow_run.id),
                 "rows": rows,
                 "live": [r.state for r in kept],
-                "host_store_partitions": host_store.total_partitions(),
+                "host_store_partitions": held_partitions(),
                 "memory_at_start": session.memory["at_start"],
                 "memory_held": session.memory_in_use(),
                 "children": _children(),

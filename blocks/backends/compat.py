@@ -1,0 +1,196 @@
+"""
+Every private attribute of polars, cudf-polars, Ray and CPython that this package reaches, in one place.
+
+Each function names the version it was checked against. Nothing else in the
+package touches a third party's private names; when one of these versions
+changes, this module is where to look.
+
+The ``rank_*`` functions run on every rank of an engine (in this process for
+``spmd``, on Dask workers and Ray actors otherwise), so they are module-level
+and import only what they use.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+
+
+# ---- polars 1.44.2 -------------------------------------------------------------------
+def with_optimizations(lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.LazyFrame:
+    """
+    ``lf`` carrying ``flags``, for an engine call that takes no optimization flags.
+
+    cudf-polars 26.10's ``engine.execute(lf)`` translates ``lf._ldf.visit()``,
+    which plans with the flags stored in the frame; polars 1.44.2's private
+    ``LazyFrame._ldf.with_optimizations`` sets them, as its own ``collect`` does.
+    """
+    return pl.LazyFrame._from_pyldf(lf._ldf.with_optimizations(flags._pyoptflags))
+
+
+def plan_visitor(lf: pl.LazyFrame) -> Any:
+    """polars 1.44.2's ``lf._ldf.visit()``: the optimized plan as cudf-polars' ``Translator`` reads it."""
+    return lf._ldf.visit()
+
+
+# ---- cudf-polars 26.10.2 ---------------------------------------------------------------
+def persisted_layout(query_result: Any) -> tuple[pl.Schema, list[int]]:
+    """A ``PersistedQueryResult``'s output schema and producing ranks (``_schema``, ``_ranks``: no public accessor)."""
+    return pl.Schema(query_result._schema), list(query_result._ranks)
+
+
+def persisted_key(query_result: Any) -> tuple[str, str]:
+    """A ``PersistedQueryResult``'s store uid and query id (``_uid``, ``_query_id``), for :func:`rank_reading`."""
+    return query_result._uid, str(query_result._query_id)
+
+
+def forget_persisted(query_result: Any) -> None:
+    """
+    Detach a ``PersistedQueryResult``'s finalizer without running it (``_finalizer.detach()``).
+
+    For results whose engine has shut down: ``shutdown`` already closed every
+    store (SPMD ``_drop_persisted``, Dask ``_teardown_worker``, Ray
+    ``close_all``), and the finalizer would call the shut-down engine (Ray's
+    would start a new local Ray). Detaching also drops the finalizer's
+    reference to the engine's backend, so the engine can be freed.
+    """
+    query_result._finalizer.detach()
+
+
+def run_on_ranks(engine: Any, fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """``StreamingEngine._run(fn, *args)``: ``fn`` on every rank, results in rank order (JSON values)."""
+    return list(engine._run(fn, *args))
+
+
+def dask_worker_teardown(engine: Any) -> tuple[str, Callable[..., Any]]:
+    """A ``DaskEngine``'s id on its workers (``_dask_ctx.rapidsmpf_id``) and what its shutdown runs on each (``_teardown_worker``)."""
+    from cudf_polars.engine.dask import _teardown_worker
+
+    uid = engine._dask_ctx.rapidsmpf_id
+    return uid, functools.partial(_teardown_worker, uid=uid)
+
+
+def rank_reading(uid: str | None = None, query_id: str | None = None) -> list[int | None]:
+    """
+    On a rank: bytes rmm has allocated now, and the rows and bytes of one persisted partition.
+
+    The allocated bytes come from the first resource in the current device
+    resource's chain that tracks ``current_allocated`` (rapidsmpf's
+    ``RmmResourceAdaptor``, which cudf-polars installs on every rank). The
+    partition is read from ``cudf_polars.engine.rank_local_store._stores[uid]``
+    (its ``_partitions``, no public accessor), without consuming it; its bytes
+    are pylibcudf's ``Column.device_buffer_size`` summed over its columns.
+
+    Returns
+    -------
+    list
+        ``[allocated, rows, bytes]``; ``None`` where unreadable (rows and bytes
+        are 0 on a rank without a partition of ``query_id``).
+    """
+    import uuid
+
+    import rmm.mr
+
+    allocated = None
+    mr, seen = rmm.mr.get_current_device_resource(), 0
+    while mr is not None and seen < 8:
+        value = getattr(mr, "current_allocated", None)
+        if value is not None:
+            allocated = int(value() if callable(value) else value)
+            break
+        mr = getattr(mr, "upstream_mr", None) or getattr(mr, "get_upstream", lambda: None)()
+        seen += 1
+    if query_id is None:
+        return [allocated, None, None]
+    from cudf_polars.engine import rank_local_store
+
+    store = rank_local_store._stores.get(uid)
+    entries = store._partitions.get(uuid.UUID(query_id), {}) if store is not None else {}
+    rows = size = 0
+    for df, _duplicated in entries.values():
+        rows += df.num_rows
+        size += sum(column.device_buffer_size() for column in df.table.columns())
+    return [allocated, rows, size]
+
+
+def rank_device_name() -> str:
+    """Name and memory of this rank's GPU, e.g. ``"NVIDIA H200 (139.8 GiB)"`` (cudf-polars 26.10's own reading)."""
+    import cuda.core
+    from cudf_polars.utils.config import get_total_device_memory
+
+    total = get_total_device_memory()
+    name = cuda.core.Device().name
+    return f"{name} ({total / 2**30:.1f} GiB)" if total else name
+
+
+# ---- Ray 2.60 ------------------------------------------------------------------------
+def reload_ray_auth_token() -> None:
+    """
+    Make Ray read its authentication token and ``RAY_AUTH_MODE`` again before the next ``ray.init()``.
+
+    Ray 2.60 loads both once per process; ``ray._raylet.Config.initialize("")``
+    re-reads the mode (what Ray's own ``_enable_token_auth`` calls) and
+    ``AuthenticationTokenLoader.reset_cache`` the token (what ``ray.init()``
+    calls after writing a new one). Nothing happens with a Ray without them.
+    """
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def disable_ray_failure_signal_handler() -> None:
+    """
+    Keep Ray's C++ failure signal handler out of this driver (before ``ray.init``).
+
+    With it, a SIGTERM to the driver arms an abort 3 s later, which would end
+    the flow process in the middle of its teardown. Ray 2.60 reads
+    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` into
+    ``ray._private.ray_constants`` when that module is imported; both are set.
+    """
+    os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
+    if "ray._private.ray_constants" in sys.modules:
+        sys.modules["ray._private.ray_constants"].RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+
+
+# ---- Prefect 3.9.1 ---------------------------------------------------------------------
+def without_prefect_run_context(fn: Callable[[], Any]) -> Any:
+    """
+    Run ``fn`` with Prefect's flow-run and task-run contexts set to none (``ContextModel.__var__``).
+
+    Prefect's ``EventsWorker`` captures the caller's context when an event is
+    queued and attaches the runs it finds there; where the caller has no run
+    context, its own thread's, which keeps the context the worker started in
+    (the first flow run that sent an event), would be used. An event sent
+    after a flow run's context is gone names its runs explicitly instead.
+    """
+    import contextvars
+
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    def call() -> Any:
+        FlowRunContext.__var__.set(None)
+        TaskRunContext.__var__.set(None)
+        return fn()
+
+    return contextvars.copy_context().run(call)
+
+
+# ---- CPython 3.11-3.13 ---------------------------------------------------------------
+def register_before_thread_shutdown(fn: Callable[[], None]) -> None:
+    """
+    ``threading._register_atexit(fn)``: run ``fn`` at exit before non-daemon threads are joined.
+
+    These callbacks run last-registered first, before :mod:`atexit`; Prefect
+    3.9's events and log workers register theirs when they start, so a
+    callback registered after them runs while they still send.
+    """
+    threading._register_atexit(fn)  # type: ignore[attr-defined]

@@ -1,0 +1,100 @@
+"""
+Plans that read a result's frame: the optimizations the engines run them with, and the reads refused before they run.
+
+A result's frame (``GPUResult.lazy()``) is a polars IO-plugin scan on every
+backend (``register_io_source``: cudf-polars' ``PersistedSource``, the ``cpu``
+backend's host source), shown as ``PYTHON SCAN`` by ``LazyFrame.explain``.
+Two things polars does to such a scan cudf-polars 26.10 does not run, so the
+session prepares every plan here (:func:`prepare`) before any engine sees it,
+and the ``cpu`` backend runs what the GPU runs:
+
+* **Row limits.** polars 1.44's slice pushdown moves the row count of
+  ``head(n)``, ``limit(n)`` and ``slice(0, n)`` (also after ``with_columns``)
+  into the scan; cudf-polars 26.10 refuses a row limit on a Python scan when it
+  translates the plan ("A row limit (head/limit) on a PythonScan source is not
+  supported": one global limit cannot be enforced rank by rank). A plan that
+  reads a ``PYTHON SCAN`` and whose row limit polars would push into a scan
+  therefore runs with ``slice_pushdown=False``: the limit stays a ``SLICE`` above the scan, which
+  cudf-polars runs. Every other plan keeps every optimization: a limit that
+  stops above the scan (``sort(...).head(n)`` after an aggregation runs as a
+  top-k sort, as bare cudf-polars runs it), and plans without such a scan
+  (``scan_parquet(p).head(n)`` still reads ``n`` rows).
+* **Zero columns.** A query that needs none of a scan's columns
+  (``with_row_index()`` keeping only the index, ``select(pl.lit(1))``, SQL
+  ``count(*)``) gets a zero-column projection, which cudf-polars 26.10's
+  ``PersistedSource`` refuses when it runs ("does not support a zero-column
+  projection"), and from which no row count can be read. It is refused here,
+  before any engine runs, naming the form that works. ``select(pl.len())``
+  reads one column in polars 1.44 and runs everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+#: polars' ``explain()`` name of an IO-plugin scan (``register_io_source``), as of polars 1.44.
+IN_PROCESS_SCAN = "PYTHON SCAN"
+# polars 1.44's explain() prints a scan's projection on the line below it ("PROJECT 0/3 COLUMNS").
+_ZERO_COLUMN_SCAN = re.compile(rf"{IN_PROCESS_SCAN}[^\n]*\n[ \t]*PROJECT 0/")
+# ... and a row limit pushed into a scan as a line of the scan's own ("SLICE: Positive {...}");
+# a limit that stays above the scans is a node ("SLICE[...]") or part of a top-k sort
+# ("SORT BY [slice: ...]"). Any pushed limit in a plan that reads a PYTHON SCAN counts (a
+# literal in a selection may span lines, so which scan it belongs to is not read): a wrong
+# match costs an optimization, a miss would fail the query.
+_PUSHED_SLICE = re.compile(r"(?m)^[ \t]*SLICE: ")
+
+ZERO_COLUMN_MESSAGE = (
+    "This query reads a GPU result's frame (or another polars IO source) without any "
+    "of its columns, for example `with_row_index()` keeping only the index, "
+    "`select(pl.lit(1))`, or SQL `count(*)`. cudf-polars 26.10 does not support a "
+    "zero-column projection of a persisted result, so no engine runs it. Select at "
+    "least one of the result's columns: `result.lazy().select(pl.len())` counts rows, "
+    "and `result.lazy().with_row_index().select('index', <a column>)` numbers them."
+)
+
+
+def reads_in_process_source(lf: pl.LazyFrame) -> bool:
+    """
+    Whether a plan holds an IO-plugin scan (``PYTHON SCAN``), such as a result's frame.
+
+    Read from the unoptimized plan (``LazyFrame.explain(optimized=False)``),
+    which runs nothing and reads no data.
+    """
+    return IN_PROCESS_SCAN in lf.explain(optimized=False)
+
+
+def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
+    """
+    Check ``lf`` before an engine runs it; the optimizations to run it with, and its plan.
+
+    Planning reads no data and claims no result.
+
+    Parameters
+    ----------
+    lf : polars.LazyFrame
+        The query an engine is about to run.
+
+    Returns
+    -------
+    (flags, plan) : tuple of polars.QueryOptFlags and str
+        ``QueryOptFlags(slice_pushdown=False)`` when the plan reads a
+        ``PYTHON SCAN`` and polars would push a row limit into a scan, polars'
+        defaults otherwise; and the optimized plan with those flags
+        (``LazyFrame.explain``), as the engine runs it.
+
+    Raises
+    ------
+    NotImplementedError
+        When the plan reads an IO-plugin scan (a result's frame) with zero
+        columns; the message names the form that works. Nothing has run.
+    """
+    flags, plan = pl.QueryOptFlags(), lf.explain()
+    if IN_PROCESS_SCAN in plan:
+        if _PUSHED_SLICE.search(plan):
+            flags = pl.QueryOptFlags(slice_pushdown=False)
+            plan = lf.explain(optimizations=flags)
+        if _ZERO_COLUMN_SCAN.search(plan):
+            raise NotImplementedError(ZERO_COLUMN_MESSAGE)
+    return flags, plan

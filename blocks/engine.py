@@ -1,0 +1,335 @@
+"""
+The engine host: one owner thread, and the engine with everything it owns in one exit stack.
+
+rapidsmpf requires an engine to be created, used and shut down on one thread,
+and Prefect runs tasks, hooks and garbage collection on threads of its own; so
+an :class:`EngineHost` starts the backend on a thread of its own and every
+engine call is handed to that thread (:meth:`EngineHost.run`). What the backend
+creates (the engine, a Dask cluster and its client, a scheduler lease, a Ray
+head) goes into one :class:`contextlib.ExitStack`, as cudf-polars'
+``StreamingEngine`` holds its ``exit_stack`` and prefect-dask enters what it
+creates into one stack; :meth:`EngineHost.shutdown` closes it, once, as the
+thread's last call, and drops the engine there, so the engine and its memory
+resource are freed on the thread that created them. A subflow's session that
+uses the same block runs on its parent's host, by reference; only the session
+that started a host shuts it down.
+
+Developer notes
+---------------
+* The thread is a daemon with its own queue (not a ``concurrent.futures``
+  pool, whose threads the interpreter joins at exit): an engine call that
+  never returns cannot hold the process past the session's teardown limit.
+* A caller waits in short slices (:data:`WAIT_SLICE_S`), so an exception
+  Prefect injects into a task thread at its ``timeout_seconds``
+  (``PyThreadState_SetAsyncExc``, which waits for the next bytecode) or a
+  SIGALRM in the main thread ends the wait at once. The engine call itself
+  runs to its end on the owner thread, and what it returns then goes to the
+  caller's ``on_late`` (on the owner thread, before the next queued call), so
+  nothing it produced is left unowned.
+* Engine calls are serialized, which costs little: one engine call already
+  uses the whole GPU (its own thread pool drives the streaming network).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import CancelledError, Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import polars as pl
+
+from prefect_cudf_polars.blocks.backends.choice import start_backend
+from prefect_cudf_polars.blocks.backends.environment import environment
+from prefect_cudf_polars.blocks.errors import SessionError
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.backends.base import PersistedResult, Reading, RunningEngine
+    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+
+T = TypeVar("T")
+
+#: Seconds a caller blocks at a time while it waits for the owner thread.
+WAIT_SLICE_S = 0.05
+
+_STOP = object()
+
+
+class EngineHost:
+    """
+    The owner thread of one engine and the exit stack of what it owns.
+
+    Build it with :meth:`start`.
+
+    Parameters
+    ----------
+    name : str
+        The owner thread's name (``cudf-polars-engine-owner-<session id>``).
+    ended : callable
+        Returns the text of the :class:`SessionError` for a call handed in after shutdown.
+
+    Attributes
+    ----------
+    running : RunningEngine or None
+        The started engine, until :meth:`shutdown` has closed the stack.
+    start_seconds, shutdown_seconds : float
+        Seconds the backend took to start and to shut down (0 until known).
+    thread : threading.Thread
+        The owner thread.
+    """
+
+    def __init__(self, name: str, ended: Callable[[], str]) -> None:
+        self.running: RunningEngine | None = None
+        self.start_seconds = self.shutdown_seconds = 0.0
+        self._stack = ExitStack()
+        self._ended = ended
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._accepting = True
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, backend: str, block: CudfPolarsEngine, *, name: str, ended: Callable[[], str]) -> EngineHost:
+        """
+        Start ``backend`` on a new owner thread.
+
+        Raises
+        ------
+        NoGPUError, DaskClusterError, RayClusterError, Exception
+            What the backend raised; what it had started is shut down and the thread ends.
+        """
+        host = cls(name, ended)
+        try:
+            host.run(host._start, backend, block)
+        except BaseException:
+            host.shutdown(deadline=None)
+            raise
+        return host
+
+    def _start(self, backend: str, block: CudfPolarsEngine) -> None:
+        started = time.perf_counter()
+        self.running = start_backend(backend, block, self._stack)
+        self.start_seconds = time.perf_counter() - started
+
+    def _serve(self) -> None:
+        while (item := self._queue.get()) is not _STOP:
+            future, fn, args = item
+            if future.set_running_or_notify_cancel():  # else its caller gave up before it started
+                try:
+                    future.set_result(fn(*args))  # runs on_late here, before the next call
+                except BaseException as exc:
+                    future.set_exception(exc)
+            del item, future, fn, args
+
+    def _submit(self, fn: Callable[..., Any], *args: Any, last: bool = False) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if not self._accepting:
+                raise SessionError(self._ended())
+            self._queue.put((future, fn, args))
+            if last:
+                self._accepting = False
+                self._queue.put(_STOP)
+        return future
+
+    def run(self, fn: Callable[..., T], *args: Any, on_late: Callable[[T], None] | None = None) -> T:
+        """
+        Run ``fn(*args)`` on the owner thread and return what it returns (in place when called there).
+
+        Parameters
+        ----------
+        fn : callable
+            The call.
+        on_late : callable, optional
+            If the caller stops waiting (an exception arrives in its thread: a
+            task's timeout, a signal) after ``fn`` started, ``on_late(value)``
+            runs on the owner thread with what ``fn`` returns; a call that had
+            not started is dropped.
+
+        Raises
+        ------
+        SessionError
+            If the host has shut down.
+        BaseException
+            Whatever ``fn`` raises, or what interrupted the wait.
+        """
+        if threading.current_thread() is self.thread:
+            return fn(*args)
+        future = self._submit(fn, *args)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=WAIT_SLICE_S)
+                except FutureTimeout:
+                    if future.done():  # the call itself raised TimeoutError
+                        return future.result()
+                except CancelledError:
+                    raise SessionError(self._ended()) from None
+        except BaseException:
+            if not future.cancel() and on_late is not None:
+                future.add_done_callback(lambda done: _hand_late(done, on_late))
+            raise
+
+    def _engine(self) -> RunningEngine:
+        if self.running is None:
+            raise SessionError(self._ended())
+        return self.running
+
+    def execute(
+        self, lf: pl.LazyFrame, flags: pl.QueryOptFlags, *, after: Callable[[], None], on_late: Callable[[Any], None]
+    ) -> tuple[PersistedResult, Reading, float]:
+        """
+        ``engine.execute(lf)`` on the owner thread, then ``after()`` (success or not) and a reading, in one hand-off.
+
+        Returns
+        -------
+        (persisted, reading, seconds)
+            The persisted result, the engine's memory with the result's rows and
+            bytes, and the engine call's seconds.
+        """
+
+        def call() -> tuple[PersistedResult, Reading, float]:
+            started = time.perf_counter()
+            try:
+                persisted = self._engine().execute(lf, flags)
+            finally:
+                after()
+            seconds = time.perf_counter() - started
+            return persisted, self._engine().read(persisted), seconds
+
+        return self.run(call, on_late=on_late)
+
+    def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags, *, after: Callable[[], None]) -> tuple[pl.DataFrame, Reading]:
+        """``lf.collect(engine=...)`` on the owner thread, then ``after()`` and a reading, in one hand-off."""
+
+        def call() -> tuple[pl.DataFrame, Reading]:
+            try:
+                df = self._engine().collect(lf, flags)
+            finally:
+                after()
+            return df, self._engine().read()
+
+        return self.run(call)
+
+    def read(self) -> Reading:
+        """The engine's memory now, read on the owner thread."""
+        return self.run(lambda: self._engine().read())
+
+    def run_with_environment(self, env: Mapping[str, str | None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """
+        Run ``fn(*args, **kwargs)`` on the owner thread with ``env`` set in this process and on every rank.
+
+        The call runs in a copy of the caller's context (results name the calling
+        task run) as one item of the owner thread's queue, so no other engine call
+        runs while the variables are set; the previous values are back afterwards.
+
+        Parameters
+        ----------
+        env : mapping of str to (str or None)
+            Environment variables; ``None`` unsets one for the call.
+        fn : callable
+            Usually a session's ``execute`` or ``collect`` (which run in place on the owner thread).
+
+        Raises
+        ------
+        SessionError
+            If the host has shut down.
+        Exception
+            Whatever ``fn`` raises (the variables are restored first).
+        """
+        context = contextvars.copy_context()
+
+        def call() -> T:
+            running = self._engine()
+            with environment(env):
+                running.set_rank_environment(env)
+                try:
+                    return context.run(fn, *args, **kwargs)
+                finally:
+                    running.set_rank_environment({name: None for name in env})
+
+        return self.run(call)
+
+    def run_bounded(self, fn: Callable[[], None], *, timeout: float) -> bool:
+        """
+        Run ``fn`` after the calls already queued, waiting at most ``timeout`` seconds.
+
+        Returns
+        -------
+        bool
+            True when it ended in time; False when not (it stays queued).
+
+        Raises
+        ------
+        SessionError
+            If the host has shut down.
+        """
+        return _ended_within(self._submit(fn), timeout)
+
+    def shutdown(self, deadline: float | None, *, before: Callable[[], None] | None = None) -> bool:
+        """
+        Close the exit stack as the owner thread's last call (once), waiting at most ``deadline`` seconds.
+
+        The stack closes last created first (a Ray head after its engine, a Dask
+        cluster after our client); the engine is then dropped on the owner
+        thread, and the thread ends. No call is accepted after this.
+
+        Parameters
+        ----------
+        deadline : float or None
+            Seconds to wait (``None``: no limit).
+        before : callable, optional
+            Runs first, in the same call (a session's last releases, a reading).
+
+        Returns
+        -------
+        bool
+            True when the stack was closed in time; False when the wait ended
+            first: the shutdown stays queued and runs if the engine answers.
+            Also True when the host had already shut down.
+
+        Raises
+        ------
+        Exception
+            What ``before`` or closing the stack raised (the engine is dropped either way).
+        """
+        try:
+            future = self._submit(self._close, before, last=True)
+        except SessionError:
+            return True
+        return _ended_within(future, deadline)
+
+    def _close(self, before: Callable[[], None] | None) -> None:
+        started = time.perf_counter()
+        try:
+            if before is not None:
+                before()
+        finally:
+            try:
+                self._stack.close()
+            finally:
+                self.running = None  # freed here, on the thread that created it
+                self.shutdown_seconds = time.perf_counter() - started
+
+
+def _hand_late(future: Future[Any], on_late: Callable[[Any], None]) -> None:
+    """Give a call's value to ``on_late`` once it ends, when its caller had stopped waiting."""
+    if future.exception() is None:
+        on_late(future.result())
+
+
+def _ended_within(future: Future[Any], timeout: float | None) -> bool:
+    """Whether ``future`` ended within ``timeout`` seconds (re-raising what it raised)."""
+    try:
+        future.result(timeout=timeout)
+    except FutureTimeout:
+        if not future.done():
+            return False
+        future.result()  # the call itself raised TimeoutError
+    return True

@@ -1,0 +1,83 @@
+"""
+Sessions of subflows: which share their parent's engine, which start their own, which are refused.
+
+A session that opens while a session of an enclosing flow run is open (a
+subflow with its own ``CudfPolarsTaskRunner``, or a ``with block.session():``
+in a subflow) runs on the enclosing session's engine host when the two blocks
+hold the same fields: one engine serves both, each session with its own
+results, counts and end (the subflow's releases only its own results and never
+stops the engine). cudf-polars' ``SPMDEngine`` replaces rmm's process-wide
+current device resource when it starts (``set_memory_resource`` in its exit
+stack, cudf-polars 26.10) and each engine's spill limit counts only its own
+memory, so two GPU engines in one process are refused; a ``cpu`` session
+beside a GPU one starts its own engine (polars on the CPU touches no GPU).
+Within one flow run, sessions do not nest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prefect_cudf_polars.blocks.backends.choice import resolve_backend
+from prefect_cudf_polars.blocks.errors import SessionError
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+
+RUNNER_HERE = (
+    "This flow run already has an engine session: its CudfPolarsTaskRunner provides one, and sessions "
+    "do not nest within one flow run. Use that one (prefect_cudf_polars.blocks.get_engine_session()), "
+    "or do not combine CudfPolarsTaskRunner with `with block.session():` in one flow. A subflow with its "
+    "own CudfPolarsTaskRunner gets a session of its own: with the same engine block it shares this "
+    "engine; another block works there only where at most one of the two needs a GPU (a `cpu` block "
+    "beside a GPU one)."
+)
+
+SESSION_HERE = (
+    "An engine session ({backend}, id {id}) is already open here (`with block.session():`), and sessions "
+    "do not nest within one flow run. Use the open one (prefect_cudf_polars.blocks.get_engine_session()), "
+    "or close it before opening another. A subflow with its own CudfPolarsTaskRunner gets a session of "
+    "its own: with the same engine block it shares this engine; another block works there only where at "
+    "most one of the two needs a GPU (a `cpu` block beside a GPU one)."
+)
+
+
+def shares_engine(block: CudfPolarsEngine, parent: CudfPolarsEngine, parent_backend: str | None, *, runs: tuple[str, str]) -> bool:
+    """
+    Whether a session of ``block`` runs on the engine of an enclosing session of ``parent``.
+
+    Parameters
+    ----------
+    block, parent : CudfPolarsEngine
+        The new session's block and the enclosing session's.
+    parent_backend : str or None
+        The enclosing session's backend.
+    runs : (str, str)
+        The new session's run and the enclosing one's, with the enclosing
+        session's backend and id, for the message.
+
+    Returns
+    -------
+    bool
+        True for blocks with the same fields; False where one of the two runs on ``cpu``.
+
+    Raises
+    ------
+    SessionError
+        Both need a GPU engine and the blocks differ.
+    NoGPUError
+        ``block`` asks for a GPU backend and none is usable here.
+    """
+    mine, theirs = block.model_dump(), parent.model_dump()
+    if type(block) is type(parent) and mine == theirs:
+        return True
+    if parent_backend == "cpu" or resolve_backend(block)[0] == "cpu":
+        return False
+    changed = ", ".join(f"{k}={v!r}" for k, v in mine.items() if theirs.get(k) != v)
+    raise SessionError(
+        f"{runs[0]} asks for a second cudf-polars engine ({changed}) while {runs[1]} holds one on the same "
+        "GPU(s) of this process. Two cudf-polars engines in one process do not share a GPU: each sets rmm's "
+        "process-wide device memory resource, and each spill limit counts only its own memory. Give the "
+        "subflow's CudfPolarsTaskRunner the parent's engine block to run on the parent's engine (with its "
+        "own results and teardown), or give the subflow no task runner to use the parent's session."
+    )

@@ -1,0 +1,612 @@
+"""
+The engine session: one flow run's scope, its results and every rule of its lifetime.
+
+1. **One owner thread**: the :class:`~prefect_cudf_polars.blocks.engine.EngineHost`
+   creates, uses and shuts down the engine, and holds what it owns in one exit stack.
+2. **A result belongs to its session**: a task's engine call checks its inputs
+   against the task's session first (``WrongEngineError``).
+3. **A result is read at most once**: its first claim is counted here
+   (:meth:`EngineSession.claimed`); a second raises ``ResultConsumedError``.
+4. **Everything is released when the session ends**, however it ends (return,
+   exception, ``TerminationSignal``): :meth:`EngineSession.close` marks every
+   live result released and shuts the engine down once, on its owner thread,
+   within the block's ``teardown_timeout`` (3 s while the flow run is being
+   stopped: a Prefect process worker checks every 3 s whether the run's
+   processes are gone). cudf-polars 26.10's ``shutdown`` closes every persisted
+   partition's store; on Ray the results are released first (a release after
+   the shutdown would start a new local Ray). Every handle then lets go of what
+   it held, so the engine and its memory resource are freed by reference
+   counting before the flow run's final state is set. Past the limit, results
+   are marked released without the engine and the end line warns.
+5. **The engine opens at the first GPU call**; one that cannot start fails that
+   task run, and every later GPU call of the run raises the same error.
+6. **Subflows** share the parent's engine host when their blocks are equal
+   (:mod:`~prefect_cudf_polars.blocks.nesting`); sessions do not nest within a flow run.
+7. **A session left open at interpreter exit** is closed then, with one warning.
+
+What Prefect is told is :mod:`~prefect_cudf_polars.blocks.telemetry`'s.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import threading
+import uuid
+import warnings
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import polars as pl
+
+from prefect_cudf_polars.blocks import active, exits
+from prefect_cudf_polars.blocks.backends.choice import resolve_backend
+from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
+from prefect_cudf_polars.blocks.backends.plans import prepare
+from prefect_cudf_polars.blocks.engine import EngineHost
+from prefect_cudf_polars.blocks.nesting import RUNNER_HERE, SESSION_HERE, shares_engine
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, NO_SESSION_MESSAGE, NoEngineSessionError, SessionError
+from prefect_cudf_polars.blocks.lineage import Lineage
+from prefect_cudf_polars.blocks.results import EndedSession, FusedStep, GPUResult, HeldPlan, current_run
+from prefect_cudf_polars.blocks.results import free_claimed, fused_note, fused_steps
+from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, user_stacklevel
+
+T = TypeVar("T")
+
+#: Seconds the teardown waits for the engine at most while the flow run is being stopped.
+TERMINATING_TEARDOWN_S = 3.0
+
+
+class State(enum.Enum):
+    """Where a session is in its life: ``NEW`` -> ``OPEN`` -> ``CLOSED``."""
+
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+def _flow_run_context() -> Any:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return ctx if ctx is not None and ctx.flow_run is not None else None
+
+
+class EngineSession:
+    """
+    One engine for one flow run: its results, their counts, its end.
+
+    Open it with :meth:`CudfPolarsEngine.session` (``with block.session():`` in
+    a flow body) or let :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner`
+    open it at the flow run's first GPU call. Tasks find it with
+    :func:`get_engine_session`.
+
+    Attributes
+    ----------
+    id : str
+        Session id (32 hex characters).
+    block : CudfPolarsEngine
+    state : State
+    backend : str or None
+        ``"spmd"``, ``"dask"``, ``"ray"`` or ``"cpu"`` once open.
+    description : dict
+        Backend, GPU names, ranks and versions (once open).
+    timings : dict of str to float
+        ``engine_start_s`` and ``engine_shutdown_s``, in seconds.
+    fallback_warning : str or None
+        Why ``cpu`` runs instead of the GPU backend asked for (said once, in the flow run's log).
+    teardown : str
+        ``"not started"``, ``"complete"``, or why the end stopped waiting for the engine.
+    """
+
+    def __init__(self, block: CudfPolarsEngine) -> None:
+        self.id = uuid.uuid4().hex
+        self.block = block
+        self.state = State.NEW
+        self.backend: str | None = None
+        self.description: dict[str, Any] = {}
+        self.timings: dict[str, float] = {}
+        self.fallback_warning: str | None = None
+        self.teardown = "not started"
+        self._host: EngineHost | None = None
+        self._owns_host = False
+        self._opened_by = ""
+        self._announced = False
+        self._closing = self._ending = False  # close() under way / past waiting for the runs it serves
+        self._token: contextvars.Token[Any] | None = None
+        self._lock = threading.Lock()
+        self._live: dict[str, GPUResult] = {}
+        self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
+        self._counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
+        self._memory: dict[str, int | None] = {}
+        self._engine_calls = 0
+        self._shutdown_thread: str | None = None
+        self._served = active.ServedRuns()
+        self._telemetry = SessionTelemetry(self.id, block.result_artifacts)
+
+    # ---- opening -------------------------------------------------------------
+    def __enter__(self) -> EngineSession:  # noqa: D105
+        return self.open(activate=True)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        from prefect.exceptions import TerminationSignal
+
+        self.close(terminating=isinstance(exc, TerminationSignal))
+
+    def open(self, *, activate: bool, parent: EngineSession | None = None) -> EngineSession:
+        """
+        Start the engine on a new engine host, or run on the enclosing flow run's host; returns ``self``.
+
+        ``activate`` makes this the innermost session provider here (``with
+        block.session():``), and the enclosing flow run's session is found here;
+        a subflow's runner passes its ``parent`` session instead.
+
+        Raises
+        ------
+        SessionError
+            It was opened before; this flow run already has a session; or it
+            would need a second GPU engine beside the enclosing flow run's.
+        NoGPUError
+            A GPU backend was asked for and no usable GPU or RAPIDS stack is here.
+        Exception
+            What the backend raised when its engine could not start (what it started is shut down).
+        """
+        if self.state is not State.NEW or self._closing:
+            raise SessionError("This engine session was already opened; open a new one with CudfPolarsEngine.session().")
+        self._opened_by = "`with block.session():`" if activate else "CudfPolarsTaskRunner"
+        self._record_run()
+        if activate:
+            parent = self._enclosing()
+        shared = self._shared_host(parent)
+        if shared is not None:
+            self._host, self.backend = shared._host, shared.backend
+            note = f"{shared.description.get('note', '')}; on the engine of session {shared.id[:8]} ({shared.served_run})"
+            self.description = {**shared.description, "note": note}
+            self.timings["engine_start_s"] = 0.0
+        else:
+            self._start()
+        self._memory["at_start"] = self._telemetry.note(self._host.read()).memory  # type: ignore[union-attr]
+        self._telemetry.backend = self.backend
+        self.state = State.OPEN
+        exits.opened(self)
+        if activate:
+            self._token = active.enter(self)
+        self.announce()
+        return self
+
+    def _start(self) -> None:
+        self.backend, self.fallback_warning = resolve_backend(self.block)
+        if self.fallback_warning and self._telemetry.flow_run is None:
+            warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
+        self._host = EngineHost.start(
+            self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}", ended=self.ended_message
+        )
+        self._owns_host = True
+        self.timings["engine_start_s"] = self._host.start_seconds
+        self.description = self._host.run(self._host.running.describe)  # type: ignore[union-attr]
+
+    def _enclosing(self) -> EngineSession | None:
+        """The open session of an enclosing flow run; refuses a second session in this flow run."""
+        outer = active.innermost()
+        if outer is None:
+            return None
+        ctx = _flow_run_context()
+        if ctx is not None and ctx.task_runner is outer:
+            raise SessionError(RUNNER_HERE)
+        session = outer.provided_session
+        if isinstance(outer, EngineSession) and session is not None and outer.flow_run_id == self.flow_run_id:
+            raise SessionError(SESSION_HERE.format(backend=outer.backend, id=outer.id))
+        return session
+
+    def _shared_host(self, parent: EngineSession | None) -> EngineSession | None:
+        """The enclosing session whose engine host this one runs on, or ``None`` to start its own."""
+        if parent is None or parent.state is not State.OPEN:
+            return None
+        runs = (self.served_run or "this session", f"{parent.served_run or 'its parent'} ({parent.backend}, session {parent.id})")
+        return parent if shares_engine(self.block, parent.block, parent.backend, runs=runs) else None
+
+    def _record_run(self) -> None:
+        ctx = _flow_run_context()
+        if self._telemetry.flow_run is None and ctx is not None:
+            self._telemetry.attach(ctx.flow_run, ctx.flow)
+
+    def announce(self) -> None:
+        """Write the start line and ``engine.started`` at the session's first use inside its flow run (once)."""
+        if self._announced or _flow_run_context() is None:
+            return
+        with self._lock:
+            if self._announced:
+                return
+            self._announced = True
+        self._record_run()
+        self._telemetry.started(self.description, self.timings.get("engine_start_s", 0.0), self.fallback_warning)
+
+    # ---- what it is ------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether the session has ended (or is ending): it runs no more queries."""
+        return self.state is State.CLOSED or self._ending
+
+    @property
+    def served_run(self) -> str | None:
+        """``"flow run 'name'"`` or ``"subflow run 'name'"``: the run the session serves, once known."""
+        run = self._telemetry.flow_run
+        return None if run is None else f"{'subflow' if self.subflow else 'flow'} run {run.name!r}"
+
+    @property
+    def subflow(self) -> bool:
+        """Whether the run it serves is a subflow run."""
+        return getattr(self._telemetry.flow_run, "parent_task_run_id", None) is not None
+
+    @property
+    def flow_run_id(self) -> Any:
+        """The id of the flow run the session serves, once known."""
+        return getattr(self._telemetry.flow_run, "id", None)
+
+    @property
+    def live_results(self) -> tuple[GPUResult, ...]:
+        """Results produced here and not yet consumed or released."""
+        with self._lock:
+            return tuple(self._live.values())
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Results ``produced``, ``consumed`` and ``released_unconsumed`` so far."""
+        return dict(self._counts)
+
+    @property
+    def memory(self) -> dict[str, int | None]:
+        """Memory readings in bytes: ``at_start`` and, once ended, ``at_end`` (what the engine held then)."""
+        return dict(self._memory)
+
+    @property
+    def running_engine(self) -> Any:
+        """The backend's running engine while the session is open (for measuring the bare engine beside it)."""
+        return None if self.closed or self._host is None else self._host.running
+
+    def ended_message(self) -> str:
+        """What a call into this session says once it has ended."""
+        where = f" in {self.served_run}" if self.served_run else ""
+        template = ENDED_WITH_BLOCK if self._opened_by.startswith("`with") else ENDED_WITH_RUN
+        return template.format(id=self.id, by=self._opened_by or "not opened", where=where, limit=self.block.teardown_timeout)
+
+    def summary(self) -> dict[str, Any]:
+        """
+        What the session did (a dict): ``session_id``, ``backend``, ``gpus``, ``counts``, ``memory``
+        (bytes ``at_start`` and ``at_end``: rmm statistics, or the ``cpu`` host store), ``peak_memory``
+        and ``peak_memory_per_rank`` (bytes), ``engine_calls``, ``timings`` (seconds),
+        ``shutdown_thread``, ``teardown`` and ``dashboard``.
+        """
+        return {
+            "session_id": self.id,
+            "backend": self.backend,
+            "gpus": list(self.description.get("gpus", [])),
+            "counts": self.counts,
+            "memory": self.memory,
+            "peak_memory": self._telemetry.peak,
+            "peak_memory_per_rank": dict(self._telemetry.peak_per_rank),
+            "engine_calls": self._engine_calls,
+            "timings": dict(self.timings),
+            "shutdown_thread": self._shutdown_thread,
+            "teardown": self.teardown,
+            "dashboard": self.description.get("dashboard"),
+        }
+
+    def __repr__(self) -> str:
+        return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live_results={len(self._live)})"
+
+    # ---- as a session provider (with block.session()) ----------------------------
+    @property
+    def provided_session(self) -> EngineSession | None:
+        """This session while it is open."""
+        return None if self.closed else self
+
+    def provide_session(self) -> EngineSession:
+        """This session, for the code inside its with block; ``SessionError`` once it has ended."""
+        if self.closed:
+            raise SessionError(self.ended_message())
+        return self
+
+    def serve(self, future: Any) -> None:
+        """Make the session's end wait for the task run of ``future`` (bounded by ``teardown_timeout``)."""
+        self._served.add(future)
+
+    # ---- engine calls ------------------------------------------------------------
+    def _check_open(self) -> EngineHost:
+        host = self._host
+        if self.closed or host is None:
+            raise SessionError(self.ended_message())
+        return host
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the engine's owner thread; raises ``SessionError`` when the session is not open."""
+        return self._check_open().run(fn, *args)
+
+    def memory_in_use(self) -> int | None:
+        """Bytes the engine holds now (rmm statistics on GPU backends, summed over ranks); ``SessionError`` once ended."""
+        return self._telemetry.note(self._check_open().read()).memory
+
+    def run_with_environment(self, env: Mapping[str, str | None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` with ``env`` set here and on every rank (:meth:`EngineHost.run_with_environment <prefect_cudf_polars.blocks.engine.EngineHost.run_with_environment>`)."""
+        return self._check_open().run_with_environment(env, fn, *args, **kwargs)
+
+    def execute(
+        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None, inputs: Sequence[GPUResult] = ()
+    ) -> GPUResult:
+        """
+        Run ``lf`` on the engine and return a live :class:`GPUResult`; the data stays on the engine.
+
+        ``inputs`` are the results ``lf`` was built from that this call may have
+        claimed: what they still hold is freed in the same hand-off, success or
+        failure, and claimed deferred ones are listed as fused into the result. A
+        caller that stops waiting (a task timeout) leaves the call running; what
+        it produces is then released at once. ``lineage`` defaults to ``lf``.
+
+        Raises
+        ------
+        NotImplementedError
+            The plan is refused before it runs (a zero-column read of a result), or cudf-polars cannot run it.
+        ResultConsumedError
+            The query reads a result a second time (cudf-polars' error, translated).
+        DeviceMemoryError
+            The engine ran out of device memory (the message names the block fields that help).
+        SessionError
+            The session has ended.
+        """
+        host = self._check_open()
+        name, run = name or "query", current_run()
+        claimed = [r for r in inputs if r.state == "consumed"]
+        fused = fused_steps(claimed)
+        flags, plan = prepare(lf)
+        self._engine_calls += 1
+        try:
+            persisted, reading, seconds = host.execute(lf, flags, after=lambda: free_claimed(claimed), on_late=self._late(name, run))
+        except Exception as exc:
+            raise_engine_error(exc, note=fused_note(exc, fused))
+        result = GPUResult(
+            persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf),
+            engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused,
+        )
+        return self._register(result, plan, self._telemetry.note(reading).memory)
+
+    def _late(self, name: str, run: Any) -> Callable[[Any], None]:
+        def release_late(value: tuple[Any, Any, float]) -> None:
+            value[0].release()
+            with self._lock:
+                self._counts["produced"] += 1
+                self._counts["released_unconsumed"] += 1
+            self._telemetry.late_result_released(name, run.task_run_id)
+
+        return release_late
+
+    def collect(self, query: pl.LazyFrame | GPUResult, *, inputs: Sequence[GPUResult] = ()) -> pl.DataFrame:
+        """
+        Run a query (a LazyFrame, or a GPUResult it claims) on the engine and return a host ``polars.DataFrame``.
+
+        Raises
+        ------
+        ResultReleasedError, ResultConsumedError
+            ``query`` is a GPUResult that cannot be read; nothing has run.
+        NotImplementedError, DeviceMemoryError, SessionError
+            As for :meth:`execute`.
+        """
+        host = self._check_open()
+        if isinstance(query, GPUResult):
+            inputs, query = [*inputs, query], query.lazy()
+        claimed = [r for r in inputs if r.state == "consumed"]
+        flags, _ = prepare(query)
+        self._engine_calls += 1
+        try:
+            df, reading = host.collect(query, flags, after=lambda: free_claimed(claimed))
+        except Exception as exc:
+            raise_engine_error(exc, note=fused_note(exc, fused_steps(claimed)))
+        self._telemetry.note(reading)
+        return df
+
+    def defer(
+        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
+        inputs: Sequence[GPUResult] = (), step: FusedStep | None = None,
+    ) -> GPUResult:
+        """
+        Keep ``lf`` as a live deferred :class:`GPUResult`, to run fused into its reader's engine call.
+
+        Nothing runs: the schema is resolved and the plan checked as the engine
+        would (on ``cpu``, the GPU-support check when ``raise_on_fail``). The
+        claimed ``inputs`` are held until the reader's call. ``step`` is the
+        step's own record (a replay passes the original's, so it keeps naming
+        the task run that deferred it).
+
+        Raises
+        ------
+        polars.exceptions.PolarsError
+            The schema cannot be resolved (with a note naming the step).
+        NotImplementedError
+            The plan is refused (nothing has run).
+        SessionError
+            The session has ended.
+        """
+        host = self._check_open()
+        name, run = name or "query", current_run()
+        try:
+            schema = lf.collect_schema()
+            flags, plan = prepare(lf)
+            host.running.check_plan(lf, flags)  # type: ignore[union-attr]
+        except Exception as exc:
+            exc.add_note(
+                f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
+                "and checks its plan before the task that reads it runs it."
+            )
+            raise
+        held = tuple(r for r in inputs if r.state == "consumed")
+        own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
+        result = GPUResult(
+            HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
+            lineage=lineage or Lineage.of_query(lf, deferred=True),
+        )
+        return self._register(result, plan, None)
+
+    def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
+        """
+        A new live result wrapping what ``like`` handed over (``tee``'s first copy), with its name and lineage.
+
+        Raises
+        ------
+        SessionError
+            When the session has ended (what was handed over is freed).
+        """
+        result = GPUResult(
+            handed, owner=self, name=like.name, run=current_run(), lineage=like.lineage,
+            rows=like.rows, bytes=like.bytes, fused=like.fused,
+        )
+        return self._register(result, None, None)
+
+    def _register(self, result: GPUResult, plan: str | None, memory: int | None) -> GPUResult:
+        with self._lock:
+            open_ = self.state is State.OPEN and not self._ending
+            if open_:
+                self._live[result.id] = result
+                self._all.add(result)
+                self._counts["produced"] += 1
+        if not open_:
+            result.release()
+            raise SessionError(self.ended_message())
+        self._telemetry.result_created(result, plan, memory)
+        return result
+
+    # ---- what results ask of their session (ResultOwner) ---------------------------
+    def reader_here(self) -> EngineSession | None:
+        """The session active in this context, which a claim here would read for (``None``: none)."""
+        provider = active.innermost()
+        return None if provider is None else provider.provided_session
+
+    def claimed(self, result: GPUResult) -> None:
+        """Count ``result`` consumed (its first claim) and send ``result.consumed``."""
+        with self._lock:
+            live = self._live.pop(result.id, None) is not None
+            if live:
+                self._counts["consumed"] += 1
+        if live:
+            self._telemetry.result_consumed(result)
+
+    def released(self, result: GPUResult) -> None:
+        """Count ``result`` released unread and send ``result.released``."""
+        with self._lock:
+            self._live.pop(result.id, None)
+            self._counts["released_unconsumed"] += 1
+        self._telemetry.result_released(result, at_session_end=False)
+
+    def free(self, persisted: Any) -> None:
+        """Release ``persisted`` on the owner thread while the engine runs; after its shutdown, let it go."""
+        host = self._host
+        if host is not None:
+            try:
+                host.run(persisted.release)
+                return
+            except SessionError:
+                pass  # the host has shut down: its stores are closed
+        persisted.forget()
+
+    # ---- the end -----------------------------------------------------------------
+    def close(self, *, terminating: bool = False) -> dict[str, Any]:
+        """
+        End the session (idempotent) and return its :meth:`summary`.
+
+        A ``with block.session():`` first waits for the GPU task runs submitted
+        inside it, at most the block's ``teardown_timeout`` (seconds). Then every
+        live result is marked released and the engine shut down as the owner
+        thread's last call, waited for at most ``teardown_timeout`` (3 s when
+        ``terminating``: SIGTERM, a cancellation); a session on a shared engine
+        releases only its own results there.
+        """
+        with self._lock:
+            if self._closing or self.state is State.NEW:
+                return self.summary()
+            self._closing = True
+        still = self._served.wait(self.block.teardown_timeout)
+        limit = min(self.block.teardown_timeout, TERMINATING_TEARDOWN_S) if terminating else self.block.teardown_timeout
+        with self._lock:
+            self._ending = True
+            live, self._live = list(self._live.values()), {}
+            self._counts["released_unconsumed"] += len(live)
+            holding = [r for r in self._all if r.holding]
+        for result in live:
+            self._telemetry.result_released(result, at_session_end=True)
+        host, done = self._host, True
+        try:
+            if host is not None and self._owns_host:
+                done = host.shutdown(limit, before=lambda: self._last_call(holding))
+                self.timings["engine_shutdown_s"] = host.shutdown_seconds
+                self._shutdown_thread = host.thread.name
+            elif host is not None:
+                done = host.run_bounded(lambda: _release_all(holding), timeout=limit)
+            self.teardown = "complete" if done else f"stopped waiting after {limit:g} s for the engine"
+        except Exception as exc:
+            self.teardown = f"failed: {type(exc).__name__}: {exc}"
+        finally:
+            tombstone = EndedSession(self.id, self.backend, self.served_run, self.subflow)
+            for result in list(self._all):
+                result.end(tombstone, drop=done)
+            self._all = weakref.WeakSet()
+            self.state, self._host = State.CLOSED, (None if done else host)
+            exits.closed(self)
+            if self._token is not None:
+                active.leave(self._token, self)
+                self._token = None
+        summary = self.summary()
+        self._telemetry.ended(summary, still_served=still, limit=limit)
+        return summary
+
+    def close_at_exit(self) -> None:
+        """Close at interpreter exit: Prefect's services may have stopped, so say nothing to Prefect."""
+        self._telemetry.muted = True
+        self.close()
+
+    def _last_call(self, holding: list[GPUResult]) -> None:
+        """On the owner thread, before the engine shuts down: what it holds at the end (and, on Ray, the releases)."""
+        running = self._host.running if self._host is not None else None
+        if running is None:
+            return
+        self._memory["at_end"] = self._telemetry.note(running.read()).memory
+        if running.release_before_shutdown:
+            _release_all(holding)
+
+
+def _release_all(results: list[GPUResult]) -> None:
+    """Free the partitions ``results`` still hold, on the owner thread (their handles keep their states)."""
+    for result in results:
+        if result.persisted is not None:
+            result.persisted.release()
+
+
+def get_engine_session() -> EngineSession:
+    """
+    The open :class:`EngineSession` of the current flow run (flow body or task thread), opening its engine at first use.
+
+    The first call inside a flow run writes the session's start line (backend,
+    GPUs, versions) to its log.
+
+    Raises
+    ------
+    NoEngineSessionError
+        No session is active here (no ``CudfPolarsTaskRunner``, no ``with block.session():``).
+    SessionError
+        The session here has ended, or a subflow's session cannot share its parent's GPU.
+    BlockNotFoundError
+        The task runner names a saved block that does not exist.
+    NoGPUError
+        The block asks for a GPU backend and no usable GPU is here.
+    Exception
+        Whatever else stopped the engine from starting (every later call raises it again).
+    """
+    provider = active.innermost()
+    if provider is None:
+        where = "for this flow run" if _flow_run_context() is not None else "here, and no flow run is running"
+        raise NoEngineSessionError(NO_SESSION_MESSAGE.format(where=where))
+    session: EngineSession = provider.provide_session()
+    session.announce()
+    return session
+
+
+CudfPolarsEngine.session_type = EngineSession

@@ -1,0 +1,365 @@
+"""
+What an engine session tells Prefect: events, log lines, and one summary artifact.
+
+Events are sent with :func:`prefect.events.emit_event` where things happen,
+mostly on the task's thread. Prefect's ``EventsWorker`` queues each one and
+sends it from its own thread; it captures the caller's context when the event
+is queued and attaches the flow run, task run, flow, deployment and tags from
+it (``prefect/events/worker.py``, Prefect 3.9.1), so an event sent on a task's
+thread needs no related resources of ours. Events sent after the flow run's
+context is gone (a task runner's session end) name the flow run explicitly.
+
+Event names (resource ``prefect-cudf-polars.engine-session.<id>`` or
+``prefect-cudf-polars.result.<id>``):
+
+``prefect_cudf_polars.engine.started`` / ``.engine.stopped``
+    The session's engine started (first use inside its flow run) / the
+    session ended (its summary in the payload).
+``prefect_cudf_polars.result.created``
+    A result was produced; the payload carries its facts: where it lives
+    (backend, ranks, partitions), schema, rows, bytes, the engine call's
+    seconds, the memory in use after it, the plan the engine ran, and the
+    deferred steps fused into that call.
+``prefect_cudf_polars.result.consumed`` / ``.result.released``
+    Claimed by its one reader (the producing task run related as
+    ``producer``) / released before anyone read it (explicitly, or at the
+    session's end: the event to alert on).
+
+The flow run gets one markdown artifact at the session's end, keyed
+``<flow-name>-cudf-polars-session``: the session's figures and every result
+with its facts. A result's own artifact on its task run (a synchronous API
+call each in Prefect 3.9.1) is written only when the block's
+``result_artifacts`` is set. Nothing here raises into a query or a teardown:
+failures are logged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from typing import Any
+
+from prefect.logging import get_logger
+
+from prefect_cudf_polars.blocks.backends.compat import without_prefect_run_context
+
+#: Prefect's ``prefect.prefect_cudf_polars`` logger: lines that belong to no flow run (console only).
+logger = get_logger("prefect_cudf_polars")
+
+ENGINE_STARTED = "prefect_cudf_polars.engine.started"
+ENGINE_STOPPED = "prefect_cudf_polars.engine.stopped"
+RESULT_CREATED = "prefect_cudf_polars.result.created"
+RESULT_CONSUMED = "prefect_cudf_polars.result.consumed"
+RESULT_RELEASED = "prefect_cudf_polars.result.released"
+
+#: Most characters of a plan in an event or an artifact.
+PLAN_LIMIT = 8_000
+
+NOT_STARTED_LINE = (
+    "cudf-polars engine not started: no GPU task ran in this flow run (the engine starts at the first GPU task)"
+)
+TEARDOWN_WARNING = (
+    "cudf-polars engine session teardown %s: the engine did not answer. A Prefect process worker cancels a "
+    "flow run with SIGTERM to its whole process group, an owned Dask or Ray cluster included, so the "
+    "engine's processes may be gone; the CUDA driver frees the device memory of processes that end. If a "
+    "normal teardown needs longer, raise teardown_timeout on the engine block."
+)
+SERVED_WARNING = (
+    "cudf-polars engine session %s ended with %d task run(s) it serves still running after %g s "
+    "(teardown_timeout); they fail at their next engine call with an error naming this session. Wait on "
+    "their futures inside the `with block.session():` block, or raise teardown_timeout on the engine block."
+)
+
+
+def run_resources(flow_run_id: Any = None, task_run_id: Any = None, *, role: str = "task-run") -> list[dict[str, str]]:
+    """Prefect related resources naming a flow run and a task run (either may be ``None``)."""
+    related = []
+    if flow_run_id is not None:
+        related.append({"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"})
+    if task_run_id is not None:
+        related.append({"prefect.resource.id": f"prefect.task-run.{task_run_id}", "prefect.resource.role": role})
+    return related
+
+
+def emit(event: str, resource: dict[str, str], payload: dict[str, Any], related: list[dict[str, str]] = []) -> None:  # noqa: B006
+    """
+    Send one event with :func:`prefect.events.emit_event` (Prefect queues it); never raises.
+
+    Outside any run context (a task runner's session end) the event carries
+    only the runs it names itself (:func:`~prefect_cudf_polars.blocks.backends.compat.without_prefect_run_context`).
+    """
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.events import emit_event
+
+    def send() -> None:
+        emit_event(event=event, resource=resource, related=related, payload=payload)
+
+    try:
+        if FlowRunContext.get() is None and TaskRunContext.get() is None:
+            without_prefect_run_context(send)
+        else:
+            send()
+    except Exception as exc:  # an API that is down must not fail a query
+        logger.warning("Could not emit Prefect event %s: %s", event, exc)
+
+
+def result_resource(result: Any) -> dict[str, str]:
+    """The resource of a result event."""
+    return {
+        "prefect.resource.id": f"prefect-cudf-polars.result.{result.id}",
+        "prefect.resource.name": result.name,
+        "backend": result.backend,
+        "session-id": result.session_id,
+    }
+
+
+def format_bytes(value: int | None) -> str:
+    """``1,234,567 bytes (1.2 MiB)``; ``"not available"`` for ``None``."""
+    return "not available" if value is None else f"{value:,} bytes ({value / 2**20:,.1f} MiB)"
+
+
+def summary_key(flow_name: str) -> str:
+    """The summary artifact's key, ``<flow-name>-cudf-polars-session`` (Prefect keys: lowercase, digits, dashes)."""
+    return f"{re.sub(r'[^a-z0-9-]+', '-', flow_name.lower()).strip('-') or 'flow'}-cudf-polars-session"
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes ``warnings.warn`` name the user's line, past this package's, Prefect's and contextlib's frames."""
+    frame, level = inspect.currentframe(), 1
+    frame = frame.f_back if frame is not None else None  # the function that warns
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in (
+        "prefect_cudf_polars", "prefect", "contextlib"
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _table(rows: list[tuple[str, Any]]) -> str:
+    return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
+
+
+def result_markdown(result: Any, plan: str, memory: int | None, gpus: list[str]) -> str:
+    """The markdown of one result's artifact (``result_artifacts``): where it lives, its size, schema, plan."""
+    ranks = ", ".join(f"{r} ({gpus[r]})" if r < len(gpus) else str(r) for r in result.ranks) or "none"
+    schema = "\n".join(f"| `{name}` | `{dtype}` |" for name, dtype in result.schema.items())
+    fused = "".join(f"* `{s.name}`, deferred by {s.produced_by}\n" for s in result.fused)
+    kind = "deferred step (runs fused into the task run that reads it)" if result.deferred else "result"
+    return (
+        f"### cudf-polars {kind} `{result.name}`\n\n"
+        + _table([
+            ("backend", result.backend), ("ranks (GPUs)", ranks), ("partitions", result.partitions),
+            ("rows", result.rows), ("bytes", format_bytes(result.bytes)),
+            ("engine call", f"{result.engine_seconds:.3f} s"), ("memory in use after", format_bytes(memory)),
+            ("result id", f"`{result.id}`"),
+        ])
+        + (f"\n#### Deferred steps fused in, upstream first\n\n{fused}" if fused else "")
+        + f"\n#### Output schema ({len(result.schema)} columns)\n\n| column | dtype |\n|---|---|\n{schema}\n"
+        + f"\n#### Query plan (as the engine ran it)\n\n```\n{plan}\n```\n"
+    )
+
+
+class SessionTelemetry:
+    """
+    The events, log lines and summary of one session (it holds facts, never the session or its results).
+
+    Parameters
+    ----------
+    session_id : str
+    result_artifacts : bool
+        Write one artifact per result on its task run (the block's ``result_artifacts``).
+
+    Attributes
+    ----------
+    flow_run, flow
+        The flow run the session serves and its flow, once known (its log gets the lines).
+    muted : bool
+        Send nothing to Prefect and log to Python logging only (a session closed at interpreter exit).
+    """
+
+    def __init__(self, session_id: str, result_artifacts: bool) -> None:
+        self.session_id = session_id
+        self.result_artifacts = result_artifacts
+        self.flow_run: Any = None
+        self.flow: Any = None
+        self.muted = False
+        self.backend: str | None = None
+        self.gpus: list[str] = []
+        self.peak: int | None = None
+        self.peak_per_rank: dict[int, int] = {}
+        self._results: dict[str, dict[str, Any]] = {}  # result id -> its row in the summary
+
+    def note(self, reading: Any) -> Any:
+        """Keep the peaks of an engine reading (bytes, in total and per rank); returns the reading."""
+        if reading.memory is not None and (self.peak is None or reading.memory > self.peak):
+            self.peak = reading.memory
+        for rank, value in enumerate(reading.per_rank):
+            if value is not None and value > self.peak_per_rank.get(rank, -1):
+                self.peak_per_rank[rank] = value
+        return reading
+
+    def attach(self, flow_run: Any, flow: Any) -> None:
+        """Write to ``flow_run``'s log from now on."""
+        self.flow_run, self.flow = flow_run, flow
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """One line in the flow run's log (Python logging before the flow run is known, or when muted)."""
+        if self.flow_run is not None and not self.muted:
+            from prefect.logging.loggers import flow_run_logger
+
+            flow_run_logger(flow_run=self.flow_run, flow=self.flow).log(level, msg, *args)
+        else:
+            logger.log(level, msg, *args)
+
+    def _session_resource(self) -> dict[str, str]:
+        return {
+            "prefect.resource.id": f"prefect-cudf-polars.engine-session.{self.session_id}",
+            "prefect.resource.name": f"cudf-polars engine ({self.backend})",
+            "backend": str(self.backend),
+        }
+
+    def _emit(self, event: str, resource: dict[str, str], payload: dict[str, Any], related: list[dict[str, str]]) -> None:
+        if not self.muted:
+            emit(event, resource, payload, related)
+
+    def started(self, description: dict[str, Any], start_seconds: float, fallback_warning: str | None) -> None:
+        """The session's first use inside its flow run: the start line, ``engine.started``."""
+        versions = ", ".join(f"{k} {v}" for k, v in description.get("versions", {}).items())
+        gpus = self.gpus = list(description.get("gpus") or [])
+        self.log(
+            logging.INFO,
+            "cudf-polars engine session started: backend=%s (%s); %s; %s rank(s); %s; engine start %.2f s",
+            self.backend, description.get("note", ""), f"{len(gpus)} GPU(s): {', '.join(gpus)}" if gpus else "no GPU in use",
+            description.get("ranks", 1), versions, start_seconds,
+        )
+        if description.get("cluster") or description.get("dashboard"):
+            self.log(logging.INFO, "cudf-polars cluster: %s; dashboard %s", description.get("cluster", "?"),
+                     description.get("dashboard") or "none")
+        if fallback_warning:
+            self.log(logging.WARNING, "%s", fallback_warning)
+        self._emit(ENGINE_STARTED, self._session_resource(), {
+            "backend": self.backend, "gpus": gpus, "ranks": description.get("ranks", 1),
+            "versions": description.get("versions", {}), "engine_start_s": start_seconds,
+            "fallback_warning": fallback_warning,
+        }, run_resources(getattr(self.flow_run, "id", None)))
+
+    def result_created(self, result: Any, plan: str | None, memory: int | None) -> None:
+        """A result was produced: ``result.created`` with its facts (and its artifact with ``result_artifacts``)."""
+        plan = plan or "(the same plan as the result it was split from)"
+        if len(plan) > PLAN_LIMIT:
+            plan = f"{plan[:PLAN_LIMIT]}\n... ({len(plan) - PLAN_LIMIT:,} more characters)"
+        self._results[result.id] = {
+            "name": result.name, "produced_by": result.produced_by, "state": "live", "rows": result.rows,
+            "bytes": result.bytes, "partitions": result.partitions, "engine_seconds": result.engine_seconds,
+            "deferred": result.deferred, "producer": result.produced_by_task_run_id,
+        }
+        self._emit(RESULT_CREATED, result_resource(result), {
+            "name": result.name, "backend": result.backend, "ranks": list(result.ranks),
+            "partitions": result.partitions, "schema": {k: str(v) for k, v in result.schema.items()},
+            "rows": result.rows, "bytes": result.bytes, "engine_seconds": result.engine_seconds,
+            "memory_in_use_bytes": memory, "plan": plan, "deferred": result.deferred,
+            "fused_steps": [step._asdict() for step in result.fused],
+        }, [])
+        if self.result_artifacts and not self.muted and result.produced_by_task_run_id is not None:
+            from prefect.artifacts import create_markdown_artifact
+
+            try:
+                create_markdown_artifact(
+                    markdown=result_markdown(result, plan, memory, self.gpus),
+                    description=f"cudf-polars result {result.name!r}: plan, schema, rows, bytes, where it lives",
+                )
+            except Exception as exc:
+                logger.warning("Could not write the artifact of GPU result %r: %s", result.name, exc)
+
+    def result_consumed(self, result: Any) -> None:
+        """A result was claimed by its reader: ``result.consumed``, naming the producer."""
+        row = self._results.get(result.id, {})
+        row["state"] = "consumed"
+        self._emit(RESULT_CONSUMED, result_resource(result), {
+            "name": result.name, "consumed_by": result.consumed_by, "deferred": result.deferred,
+        }, run_resources(task_run_id=row.get("producer"), role="producer"))
+
+    def result_released(self, result: Any, *, at_session_end: bool) -> None:
+        """A result was released before anyone read it: ``result.released``, naming the producer."""
+        row = self._results.get(result.id, {})
+        row["state"] = "released unread"
+        self._emit(RESULT_RELEASED, result_resource(result), {
+            "name": result.name, "unconsumed": True, "at_session_end": at_session_end,
+        }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
+
+    def late_result_released(self, name: str, task_run_id: Any) -> None:
+        """A result arrived after its task run stopped waiting (a timeout) and was released at once."""
+        resource = {"prefect.resource.id": f"prefect-cudf-polars.result.late.{task_run_id}", "prefect.resource.name": name}
+        self._emit(RESULT_RELEASED, resource, {"name": name, "unconsumed": True, "timed_out": True},
+                   run_resources(getattr(self.flow_run, "id", None), task_run_id))
+
+    def ended(self, summary: dict[str, Any], *, still_served: int, limit: float) -> None:
+        """The session closed: the end line and warnings, the summary artifact, ``engine.stopped``."""
+        counts, memory, timings = summary["counts"], summary["memory"], summary["timings"]
+        self.log(
+            logging.INFO,
+            "cudf-polars engine session ended: backend=%s, results produced %d, consumed %d, released "
+            "unconsumed %d; %s at start %s, peak %s, held at the end %s (bytes); engine start %.2f s, "
+            "shutdown %.2f s on thread %s",
+            summary["backend"], counts["produced"], counts["consumed"], counts["released_unconsumed"],
+            "host store" if summary["backend"] == "cpu" else "device memory (rmm statistics)",
+            memory.get("at_start"), summary["peak_memory"], memory.get("at_end"),
+            timings.get("engine_start_s", 0.0), timings.get("engine_shutdown_s", 0.0), summary["shutdown_thread"],
+        )
+        if still_served:
+            self.log(logging.WARNING, SERVED_WARNING, self.session_id, still_served, limit)
+        if summary["teardown"] != "complete":
+            self.log(logging.WARNING, TEARDOWN_WARNING, summary["teardown"])
+        flow_run_id = getattr(self.flow_run, "id", None)
+        if flow_run_id is not None and not self.muted:
+            self._write_summary(summary, flow_run_id)
+        self._emit(ENGINE_STOPPED, self._session_resource(), summary, run_resources(flow_run_id))
+        self._results = {}
+
+    def _write_summary(self, summary: dict[str, Any], flow_run_id: Any) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactCreate
+
+        counts, gpus = summary["counts"], summary["gpus"]
+        rows = [
+            ("backend", summary["backend"]), ("GPUs", ", ".join(gpus) if gpus else "none (cpu backend)"),
+            ("results produced", counts["produced"]), ("results consumed", counts["consumed"]),
+            ("results released unconsumed", counts["released_unconsumed"]),
+            ("peak memory", format_bytes(summary["peak_memory"])),
+        ]
+        rows += [(f"peak memory rank {r}", format_bytes(v)) for r, v in sorted(summary["peak_memory_per_rank"].items())]
+        rows += [
+            ("memory at start", format_bytes(summary["memory"].get("at_start"))),
+            ("memory held at the end", format_bytes(summary["memory"].get("at_end"))),
+            ("memory measured as", "host store of the cpu backend" if summary["backend"] == "cpu"
+             else "device memory rmm has allocated (rmm statistics)"),
+            ("engine start", f"{summary['timings'].get('engine_start_s', 0.0):.2f} s"),
+            ("engine shutdown", f"{summary['timings'].get('engine_shutdown_s', 0.0):.2f} s"),
+            ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),
+            ("session id", f"`{summary['session_id']}`"),
+        ]
+        results = "\n".join(
+            f"| `{r['name']}` | {r['produced_by']} | {r['state']} | {'deferred' if r['deferred'] else r['rows']} | "
+            f"{format_bytes(r['bytes']) if r['bytes'] is not None else ''} | {r['partitions']} | {r['engine_seconds']:.3f} |"
+            for r in self._results.values()
+        )
+        markdown = (
+            "### cudf-polars engine session summary\n\n" + _table(rows)
+            + f"\n#### Results ({len(self._results)})\n\n"
+            "| result | produced by | at the end | rows | bytes | partitions | engine s |\n|---|---|---|---|---|---|---|\n"
+            + results + "\n"
+        )
+        description = (
+            f"cudf-polars engine session ({summary['backend']}): results produced {counts['produced']}, consumed "
+            f"{counts['consumed']}, released unconsumed {counts['released_unconsumed']}; peak memory "
+            f"{format_bytes(summary['peak_memory'])}"
+        )
+        flow_name = getattr(self.flow, "name", None) or getattr(self.flow_run, "name", "flow")
+        try:
+            with get_client(sync_client=True) as client:
+                client.create_artifact(artifact=ArtifactCreate(
+                    key=summary_key(flow_name), type="markdown", data=markdown,
+                    description=description, flow_run_id=flow_run_id,
+                ))
+        except Exception as exc:
+            logger.warning("Could not write the summary artifact of engine session %s: %s", self.session_id, exc)
