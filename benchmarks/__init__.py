@@ -1,14 +1,11 @@
 """
-Benchmarks of prefect-cudf-polars on TPC-H pipelines.
+Benchmarks of prefect-cudf-polars: TPC-H pipelines, per-task overhead, many small tasks, the session's start.
 
-Run ``python -m benchmarks --help`` from the repository root; see ``benchmarks/README.md``.
-Modules: ``tpchgen`` data (``tpch_data``), the pipelines (``pipelines``), interleaved
-timed rounds (``timing``), the engine's thread (``engine_thread``), the variants
-without Prefect (``bare_variants``: b-e), plain Prefect tasks (``plain_tasks``: g, h),
-the flow run of every variant (``prefect_flows``: a and the rest interleaved, f), the
-tiny-query overhead (``task_overhead``) and its profile (``overhead_profile``), the
-per-step breakdown (``breakdown``), the session's start (``session_start``),
-``machine``, ``results_file`` (JSON, merge), ``figures`` (what the reports read),
-``goals``, ``report`` (markdown), ``chart``, ``variant_names``, ``cli`` (the command)
-and ``device-bench.sh`` (the steps on a GPU machine).
+Run ``python -m benchmarks --help`` from the repository root; ``benchmarks/README.md`` is the manual.
+Modules: ``cli`` (the command), ``tpch_data`` (``tpchgen-cli`` parquet), ``pipelines`` (Q1, Q3, Q5
+in steps), ``variants`` (what each variant runs), ``flow_run`` (the variants' flow run),
+``task_overhead`` ((f)), ``many_tasks``, ``session_start``, ``timing`` (interleaved rounds),
+``stats`` (medians and intervals), ``profiling`` (where the time goes), ``machine``,
+``results_file`` (``results.json``, merge), ``figures``, ``goals``, ``report`` and ``chart``
+(what is written), and ``device-bench.sh`` (the steps on a GPU machine).
 """

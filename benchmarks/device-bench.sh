@@ -6,15 +6,16 @@
 #   bash benchmarks/device-bench.sh SF OUT [STEP ...]
 #
 # Steps, in this order (default: all of them):
-#   core           (a) (h) (b) (c) of Q1, Q3 and Q5 interleaved, and (f)   -> OUT/core
+#   core           (a) (a-deferred) (h) (b) (c) of Q1, Q3 and Q5 interleaved, then (f)
+#                  with OVERHEAD_CALLS calls per timer and its profile     -> OUT/core
 #   peer           (g) with Prefect's default cache policy and with NO_CACHE,
 #                  no engine session in the process                        -> OUT/peer
 #   roundtrips     (d) host round trips                                    -> OUT/roundtrips
-#   breakdown      where the per-step time goes (python -m benchmarks --breakdown)
-#                                                                          -> OUT/breakdown
+#   many-tasks     TASKS tiny gpu_tasks vs plain tasks per flow run, cpu backend,
+#                  TASK_RUNS flow runs of each, and their profile          -> OUT/many-tasks
 #   session-start  the session's start, ours vs cudf-polars'               -> OUT/session-start
-#   report         every OUT/*/results.json merged into OUT/results.json, results.md,
-#                  chart.png and breakdown.md; prints the summary tables last
+#   report         every OUT/*/results.json merged into OUT/results.json, results.md
+#                  and chart.png; prints the summary tables last
 # A run split over several commands or machines: copy each step folder under one OUT
 # and run the report step there (it needs no GPU: PYTHON=.venv/bin/python works).
 #
@@ -23,19 +24,20 @@
 #   RAPIDS_ENV   shell script sourced first to put that Python on PATH (optional)
 #   DATA_DIR     TPC-H parquet; a scale factor already there is reused (default ./.data-cache/tpch)
 #   RUNS         timed interleaved rounds per pipeline (default 10); START_RUNS session starts (5)
+#   OVERHEAD_CALLS  (f) calls per timer (default 300); TASKS (200) and TASK_RUNS (5) for many-tasks
 #   WARMUPS      untimed warm-up rounds before them (default 1)
 #   PIPELINES    comma-separated subset (default all three); BACKEND (default spmd)
 #   STEP_TIMEOUT seconds per step (default 570); each step's --budget-s is 60 s less
 set -uo pipefail
 if [ $# -lt 2 ]; then
-  sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '/^set -uo/q;2,$p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 SF=$1
 OUT=$(mkdir -p "$2" && cd "$2" && pwd)
 shift 2
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(core peer roundtrips breakdown session-start report)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(core peer roundtrips many-tasks session-start report)
 cd "$(dirname "$0")/.."
 
 if [ -n "${RAPIDS_ENV:-}" ]; then . "$RAPIDS_ENV"; fi
@@ -44,6 +46,9 @@ DATA_DIR=${DATA_DIR:-$PWD/.data-cache/tpch}
 RUNS=${RUNS:-10}
 WARMUPS=${WARMUPS:-1}
 START_RUNS=${START_RUNS:-5}
+OVERHEAD_CALLS=${OVERHEAD_CALLS:-300}
+TASKS=${TASKS:-200}
+TASK_RUNS=${TASK_RUNS:-5}
 BACKEND=${BACKEND:-spmd}
 STEP_TIMEOUT=${STEP_TIMEOUT:-570}
 BUDGET=$((STEP_TIMEOUT - 60))
@@ -83,10 +88,10 @@ bench() {  # bench STEP ARGS...: one bounded command, its log and exit status un
 VARIANT_ARGS=(--scale-factors "$SF" --runs "$RUNS" --warmups "$WARMUPS" --data-dir "$DATA_DIR" "${PIPELINE_ARGS[@]}")
 for step in "${STEPS[@]}"; do
   case $step in
-    core) bench core "${VARIANT_ARGS[@]}" --variants a,a-deferred,h,b,c,f ;;
+    core) bench core "${VARIANT_ARGS[@]}" --variants a,a-deferred,h,b,c,f --overhead-calls "$OVERHEAD_CALLS" --profile ;;
     peer) bench peer "${VARIANT_ARGS[@]}" --variants g ;;
     roundtrips) bench roundtrips "${VARIANT_ARGS[@]}" --variants d ;;
-    breakdown) bench breakdown --breakdown "${VARIANT_ARGS[@]}" ;;
+    many-tasks) bench many-tasks --many-tasks --tasks "$TASKS" --runs "$TASK_RUNS" --profile ;;
     session-start) bench session-start --session-start --runs "$START_RUNS" ;;
     report)
       parts=()
@@ -98,7 +103,7 @@ for step in "${STEPS[@]}"; do
         "$PY" -m benchmarks --merge "${parts[@]}" --out "$OUT" || rc=1
       fi
       ;;
-    *) echo "unknown step $step (core, peer, roundtrips, breakdown, session-start, report)"; exit 2 ;;
+    *) echo "unknown step $step (core, peer, roundtrips, many-tasks, session-start, report)"; exit 2 ;;
   esac
 done
 exit $rc

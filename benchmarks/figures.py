@@ -1,5 +1,5 @@
 """
-Figures read from ``results.json``: medians, ratios and per-step differences of the variants, and (f)'s overheads.
+What the reports read from ``results.json``: the variants' names, medians, ratios, per-step differences and (f).
 """
 
 from __future__ import annotations
@@ -8,7 +8,18 @@ from typing import Any
 
 from benchmarks.pipelines import PIPELINES
 
-OVERHEAD_NAMES = ("bare", "plain-task", "noop-task", "gpu-task")
+#: Each measured variant: short label, then what runs.
+VARIANTS: dict[str, tuple[str, str]] = {
+    "a": ("(a) ours", "our Prefect flow: gpu_tasks, GPU results between tasks"),
+    "a-deferred": ("(a) deferred", "(a) with every step but the last deferred, fused into the last task's engine call"),
+    "h": ("(h) plain tasks", "Prefect's floor: plain Prefect tasks making (b)'s engine calls"),
+    "b": ("(b) chained", "bare engine, chained engine.execute()"),
+    "c": ("(c) fused", "bare engine, one fused query"),
+    "d": ("(d) round trips", "bare engine, collect() + .lazy() host round trips"),
+    "e": ("(e) CPU", "polars on the CPU, fused query"),
+    "g": ("(g) peer", "plain Prefect tasks, collect(engine='gpu'), DataFrames between tasks, default cache policy"),
+    "g-nocache": ("(g) NO_CACHE", "(g) with cache_policy=NO_CACHE"),
+}
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -16,42 +27,36 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def fmt_ci(ci: list[float] | tuple[float, float] | None, digits: int = 3) -> str:
+    """A 95 % interval as ``[low, high]``; a dash for ``None``."""
+    return "—" if not ci else f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
 def measurement(doc: dict[str, Any], sf: str, pipeline: str, variant: str) -> dict[str, Any] | None:
     """The entry of one (scale factor, pipeline, variant), or ``None``."""
-    for m in doc["measurements"]:
-        if (m["scale_factor"], m["pipeline"], m["variant"]) == (sf, pipeline, variant):
-            return m
-    return None
+    key = (sf, pipeline, variant)
+    return next((m for m in doc["measurements"] if (m["scale_factor"], m["pipeline"], m["variant"]) == key), None)
 
 
 def median(doc: dict[str, Any], sf: str, pipeline: str, variant: str) -> float | None:
     """Median seconds of one measurement; ``None`` unless it ran."""
     m = measurement(doc, sf, pipeline, variant)
-    return m.get("median_s") if m is not None and m["status"] == "ok" else None
-
-
-def overhead_ms(doc: dict[str, Any], sf: str, name: str) -> float | None:
-    """Median ms per call of one (f) timer; ``None`` unless it ran."""
-    for m in doc["task_overhead"]:
-        if (m["scale_factor"], m["name"]) == (sf, name) and m["status"] == "ok":
-            return m["median_ms"]
-    return None
+    return m["median_s"] if m is not None and m["status"] == "ok" else None
 
 
 def steps(pipeline: str) -> int:
     """Steps of a pipeline (3 for one this harness does not define)."""
-    p = PIPELINES.get(pipeline)
-    return len(p.steps) if p is not None else 3
+    return len(PIPELINES[pipeline].steps) if pipeline in PIPELINES else 3
 
 
 def scale_factors(doc: dict[str, Any]) -> list[str]:
     """Scale factors of the run, as recorded (text), in the order asked."""
-    return [str(s) for s in doc["settings"]["scale_factors"]]
+    return [str(s) for s in doc["settings"].get("scale_factors", [])]
 
 
 def pipelines_of(doc: dict[str, Any]) -> list[str]:
     """Pipeline names, in the order asked."""
-    return list(doc["settings"]["pipelines"])
+    return list(doc["settings"].get("pipelines", []))
 
 
 def sf_of(doc: dict[str, Any], value: float) -> str | None:
@@ -62,9 +67,7 @@ def sf_of(doc: dict[str, Any], value: float) -> str | None:
 def per_step_ms(doc: dict[str, Any], sf: str, pipeline: str, minuend: str, subtrahend: str) -> float | None:
     """``(median(minuend) - median(subtrahend)) / steps`` in ms; ``None`` where one is missing."""
     x, y = median(doc, sf, pipeline, minuend), median(doc, sf, pipeline, subtrahend)
-    if x is None or y is None:
-        return None
-    return (x - y) / steps(pipeline) * 1000
+    return None if x is None or y is None else (x - y) / steps(pipeline) * 1000
 
 
 def ratio(doc: dict[str, Any], sf: str, pipeline: str, top: str, bottom: str) -> float | None:
@@ -73,13 +76,7 @@ def ratio(doc: dict[str, Any], sf: str, pipeline: str, top: str, bottom: str) ->
     return x / y if x and y else None
 
 
-def our_overhead_ms(doc: dict[str, Any], sf: str) -> float | None:
-    """(f) our cost per GPU task (ms): median ``gpu-task`` minus median ``plain-task``."""
-    gpu, plain = overhead_ms(doc, sf, "gpu-task"), overhead_ms(doc, sf, "plain-task")
-    return gpu - plain if gpu is not None and plain is not None else None
-
-
-def prefect_overhead_ms(doc: dict[str, Any], sf: str) -> float | None:
-    """(f) Prefect's cost per task (ms): median ``plain-task`` minus median ``bare``."""
-    plain, bare = overhead_ms(doc, sf, "plain-task"), overhead_ms(doc, sf, "bare")
-    return plain - bare if plain is not None and bare is not None else None
+def overhead(doc: dict[str, Any], sf: str) -> dict[str, Any] | None:
+    """(f) at ``sf`` (:func:`benchmarks.task_overhead.measure`) where it ran, else ``None``."""
+    value = doc["task_overhead"].get(sf)
+    return value if value and value["status"] == "ok" else None

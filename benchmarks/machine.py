@@ -1,80 +1,35 @@
 """
 What machine the benchmark ran on: GPUs, driver, CUDA, CPU, memory, package versions.
 
-Every probe is best effort: a missing tool or package leaves its field out (or
-``None``) and never fails the benchmark.
+Every probe is best effort: a missing tool or package leaves its field empty
+(or ``None``) and never fails the benchmark.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import re
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 PACKAGES = (
-    "prefect",
-    "polars",
-    "pyarrow",
-    "cudf-polars-cu13",
-    "cudf-polars-cu12",
-    "libcudf-cu13",
-    "libcudf-cu12",
-    "rmm-cu13",
-    "rmm-cu12",
-    "rapidsmpf-cu13",
-    "rapidsmpf-cu12",
-    "dask-cuda",
-    "distributed",
-    "tpchgen-cli",
-    "matplotlib",
-    "prefect-cudf-polars",
+    "prefect", "polars", "pyarrow", "cudf-polars-cu13", "cudf-polars-cu12", "rmm-cu13", "rmm-cu12",
+    "rapidsmpf-cu13", "rapidsmpf-cu12", "dask-cuda", "distributed", "tpchgen-cli", "matplotlib", "prefect-cudf-polars",
 )
 
 
-def _run(cmd: list[str]) -> str | None:
+def gpus() -> list[dict[str, Any]]:
+    """GPUs as ``nvidia-smi`` lists them: ``name``, ``driver_version``, ``memory_total_mib``; none without it."""
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def gpus() -> dict[str, Any]:
-    """
-    GPUs as ``nvidia-smi`` reports them.
-
-    Returns
-    -------
-    dict
-        ``gpus`` (list of {name, driver_version, memory_total_mib}) and
-        ``cuda_driver_version`` (the CUDA version of the driver, from the header
-        of ``nvidia-smi``); empty lists / ``None`` without ``nvidia-smi``.
-    """
-    listed = _run(
-        [
-            "nvidia-smi",
-            "--query-gpu=name,driver_version,memory.total",
-            "--format=csv,noheader,nounits",
-        ]
-    )
-    found = []
-    for line in (listed or "").strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            found.append(
-                {
-                    "name": parts[0],
-                    "driver_version": parts[1],
-                    "memory_total_mib": int(float(parts[2])),
-                }
-            )
-    header = _run(["nvidia-smi"]) or ""
-    match = re.search(r"CUDA Version:\s*([\d.]+)", header)
-    return {"gpus": found, "cuda_driver_version": match.group(1) if match else None}
+        listed = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = [[p.strip() for p in line.split(",")] for line in listed.strip().splitlines()]
+    return [{"name": r[0], "driver_version": r[1], "memory_total_mib": int(float(r[2]))} for r in rows if len(r) == 3]
 
 
 def cuda_runtime_version() -> str | None:
@@ -82,55 +37,37 @@ def cuda_runtime_version() -> str | None:
     try:
         from cuda.bindings import runtime
 
-        err, value = runtime.cudaRuntimeGetVersion()
+        _, value = runtime.cudaRuntimeGetVersion()
         return f"{value // 1000}.{(value % 1000) // 10}"
     except Exception:
         return None
 
 
-def cpu_and_memory() -> dict[str, Any]:
-    """CPU model, logical CPUs, host memory (GiB) from ``/proc`` where present."""
-    model = platform.processor() or None
+def _proc_field(path: str, key: str) -> str | None:
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+        lines = Path(path).read_text().splitlines()
     except OSError:
-        pass
-    mem_gib = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal"):
-                    mem_gib = round(int(line.split()[1]) / 2**20, 1)
-                    break
-    except OSError:
-        pass
-    return {"cpu_model": model, "logical_cpus": os.cpu_count(), "memory_gib": mem_gib}
-
-
-def packages() -> dict[str, str]:
-    """Versions of the packages that matter here (installed ones only)."""
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
+        return None
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(key)), None)
 
 
 def describe() -> dict[str, Any]:
-    """Everything above plus Python and the OS, as one JSON-ready dict."""
+    """GPUs, CUDA runtime, CPU model and count, memory (GiB), Python, platform and package versions, as one dict."""
+    memory_kib = _proc_field("/proc/meminfo", "MemTotal")
+    packages = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            continue
     return {
-        **gpus(),
+        "gpus": gpus(),
         "cuda_runtime_version": cuda_runtime_version(),
-        **cpu_and_memory(),
+        "cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor(),
+        "logical_cpus": os.cpu_count(),
+        "memory_gib": round(int(memory_kib.split()[0]) / 2**20, 1) if memory_kib else None,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "hostname": platform.node(),
-        "packages": packages(),
+        "packages": packages,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }

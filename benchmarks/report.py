@@ -1,5 +1,5 @@
 """
-``results.md`` and ``breakdown.md``: the results of ``results.json`` as markdown tables, and the summary printed last.
+``results.md``: the results of ``results.json`` as markdown tables, and the summary a command prints last.
 """
 
 from __future__ import annotations
@@ -7,389 +7,208 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.breakdown import MODES, PIECES
-from benchmarks.chart import chart, has_variants
+from benchmarks.chart import chart
 from benchmarks.figures import (
-    OVERHEAD_NAMES,
-    fmt,
-    measurement,
-    median,
-    our_overhead_ms,
-    overhead_ms,
-    per_step_ms,
-    pipelines_of,
-    prefect_overhead_ms,
-    ratio,
-    scale_factors,
-    steps,
+    VARIANTS, fmt, fmt_ci, measurement, median, overhead, per_step_ms, pipelines_of, ratio, scale_factors,
 )
-from benchmarks.goals import GOAL_PIPELINES, goals_markdown
-from benchmarks.variant_names import SHORT, VARIANTS
+from benchmarks.goals import goals_markdown
+from benchmarks.many_tasks import FLOW_FIGURES
+from benchmarks.task_overhead import DIFFERENCES, TIMERS
+
+RATIOS = (("a", "b"), ("b", "c"), ("a", "c"), ("d", "a"), ("g", "a"))
+
+
+def table(head: list[str], rows: list[list[Any]], *, text_columns: int = 1) -> list[str]:
+    """A markdown table; the first ``text_columns`` columns align left, the others right."""
+    align = ["---"] * text_columns + ["---:"] * (len(head) - text_columns)
+    return [f"| {' | '.join(head)} |", f"|{'|'.join(align)}|", *(f"| {' | '.join(map(str, r))} |" for r in rows)]
 
 
 def _cell(doc: dict[str, Any], sf: str, p: str, v: str) -> str:
-    entry = measurement(doc, sf, p, v)
-    if entry is None:
-        return "—"
-    if entry["status"] != "ok":
-        return entry["status"]
-    return fmt(entry["median_s"]) + (" (cut)" if entry.get("cut_short") else "")
+    m = measurement(doc, sf, p, v)
+    if m is None or m["status"] != "ok":
+        return "—" if m is None else m["status"]
+    return fmt(m["median_s"]) + (" (cut)" if m["cut_short"] else "")
 
 
-def side_by_side_markdown(doc: dict[str, Any], sf: str) -> list[str]:
-    """Medians of every variant (seconds) and their ratios, one row per pipeline."""
-    lines = [
-        "| pipeline | " + " | ".join(SHORT.values()) + " | a/b | b/c | a/c | d/a | g/a | results match |",
-        "|---|" + "---:|" * (len(SHORT) + 5) + "---|",
+def _match(doc: dict[str, Any], sf: str, p: str) -> str:
+    checked = [m for m in doc["measurements"] if (m["scale_factor"], m["pipeline"]) == (sf, p)
+               and "matches_reference" in m]
+    wrong = [m["variant"] for m in checked if not m["matches_reference"]]
+    return "—" if not checked else f"**no**: {', '.join(wrong)}" if wrong else "yes"
+
+
+def side_by_side(doc: dict[str, Any], sf: str) -> list[str]:
+    """Medians of every variant (seconds) and their ratios, one row per pipeline; then the per-step differences (ms)."""
+    head = ["pipeline", *(short for short, _ in VARIANTS.values()), *(f"{x}/{y}" for x, y in RATIOS), "results match"]
+    rows = [
+        [p, *(_cell(doc, sf, p, v) for v in VARIANTS), *(fmt(ratio(doc, sf, p, x, y), 2) for x, y in RATIOS),
+         _match(doc, sf, p)]
+        for p in pipelines_of(doc)
     ]
+    steps = []
     for p in pipelines_of(doc):
-        ratios = [
-            fmt(ratio(doc, sf, p, "a", "b"), 2),
-            fmt(ratio(doc, sf, p, "b", "c"), 2),
-            fmt(ratio(doc, sf, p, "a", "c"), 2),
-            fmt(ratio(doc, sf, p, "d", "a"), 1),
-            fmt(ratio(doc, sf, p, "g", "a"), 1),
-        ]
-        checks = [
-            m
-            for m in doc["measurements"]
-            if m["scale_factor"] == sf and m["pipeline"] == p and "matches_reference" in m
-        ]
-        match = (
-            "—"
-            if not checks
-            else "yes"
-            if all(m["matches_reference"] for m in checks)
-            else "**no**: " + ", ".join(m["variant"] for m in checks if not m["matches_reference"])
-        )
-        cells = [_cell(doc, sf, p, v) for v in SHORT]
-        lines.append(f"| {p} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {match} |")
-    return lines
-
-
-def per_step_markdown(doc: dict[str, Any], sf: str) -> list[str]:
-    """Per-step differences (ms): (a)−(h), (h)−(b) (Prefect), (a)−(b); and (a)−(h) step by step."""
-    lines = [
-        "| pipeline | (a) − (h) | (h) − (b): Prefect | (a) − (b) | Prefect's share of (a) − (b) | (a) − (h) by step |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for p in pipelines_of(doc):
-        ah, hb, ab = (per_step_ms(doc, sf, p, x, y) for x, y in (("a", "h"), ("h", "b"), ("a", "b")))
-        share = f"{hb / ab:.0%}" if hb is not None and ab else "—"
         a, h = measurement(doc, sf, p, "a"), measurement(doc, sf, p, "h")
         by_step = "—"
         if a and h and a.get("steps_median_s") and h.get("steps_median_s"):
-            by_step = ", ".join(
-                f"{k} {(v - h['steps_median_s'][k]) * 1000:.2f}"
-                for k, v in a["steps_median_s"].items()
-                if k in h["steps_median_s"]
-            )
-        lines.append(f"| {p} | {fmt(ah, 2)} | {fmt(hb, 2)} | {fmt(ab, 2)} | {share} | {by_step} |")
-    return lines
-
-
-def peer_markdown(doc: dict[str, Any]) -> list[str]:
-    """(g) per scale factor and pipeline: with and without the default cache policy's hashing, over (a)."""
-    lines = [
-        "| SF | pipeline | (g) s | (g) NO_CACHE s | hashing s | hashing share of (g) | (g)/(a) | (g) NO_CACHE/(a) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+            h_steps = h["steps_median_s"]
+            by_step = ", ".join(f"{k} {(v - h_steps[k]) * 1000:.2f}" for k, v in a["steps_median_s"].items())
+        diffs = [fmt(per_step_ms(doc, sf, p, x, y), 2) for x, y in (("a", "h"), ("h", "b"), ("a", "b"))]
+        steps.append([p, *diffs, by_step])
+    return [
+        *table(head, rows), "", "Per step (ms, difference of the medians over the steps):", "",
+        *table(["pipeline", "(a) − (h)", "(h) − (b): Prefect", "(a) − (b)", "(a) − (h) by step"], steps),
     ]
-    rows = 0
+
+
+def peer(doc: dict[str, Any]) -> list[str]:
+    """(g) per scale factor and pipeline: with and without the default cache policy's hashing, over (a)."""
+    rows = []
     for sf in scale_factors(doc):
         for p in pipelines_of(doc):
             g, g0 = median(doc, sf, p, "g"), median(doc, sf, p, "g-nocache")
-            if g is None and g0 is None:
-                continue
-            rows += 1
-            hashing = g - g0 if g is not None and g0 is not None else None
-            share = f"{hashing / g:.0%}" if hashing is not None and g else "—"
-            lines.append(
-                f"| {sf} | {p} | {fmt(g)} | {fmt(g0)} | {fmt(hashing)} | {share} | "
-                f"{fmt(ratio(doc, sf, p, 'g', 'a'), 1)} | {fmt(ratio(doc, sf, p, 'g-nocache', 'a'), 1)} |"
-            )
-    return lines if rows else []
+            if g is not None and g0 is not None:
+                rows.append([sf, p, fmt(g), fmt(g0), fmt(g - g0), fmt(ratio(doc, sf, p, "g", "a"), 1),
+                             fmt(ratio(doc, sf, p, "g-nocache", "a"), 1)])
+    head = ["SF", "pipeline", "(g) s", "(g) NO_CACHE s", "hashing s", "(g)/(a)", "(g) NO_CACHE/(a)"]
+    return table(head, rows, text_columns=2) if rows else []
 
 
-def overhead_markdown(doc: dict[str, Any]) -> list[str]:
-    """(f) medians per call (ms), our cost and Prefect's."""
-    lines = [
-        "| SF | " + " | ".join(OVERHEAD_NAMES) + " | ours (gpu − plain) | Prefect (plain − bare) |",
-        "|---|" + "---:|" * (len(OVERHEAD_NAMES) + 2),
+def profile(p: dict[str, Any], top: int = 8) -> list[str]:
+    """A :class:`~benchmarks.profiling.StackSampler` report: busy thread-seconds by thread, the top frames."""
+    by_thread = ", ".join(f"{k} {v:.2f}" for k, v in p["by_thread"].items())
+    inner, ours = p["top_innermost"][:top], p["top_ours"][:top]
+
+    def pair(frames: list[list[Any]], i: int) -> list[str]:
+        return [frames[i][0], fmt(frames[i][1], 2)] if i < len(frames) else ["", ""]
+
+    rows = [[*pair(inner, i), *pair(ours, i)] for i in range(max(len(inner), len(ours)))]
+    return [
+        f"Sampled over {p['wall_s']:.2f} s: {p['busy_s']:.2f} busy thread-seconds, {p['with_our_code_s']:.2f} of them "
+        f"with prefect_cudf_polars on the stack; by thread: {by_thread}.", "",
+        *table(["innermost frame (busy)", "s", "our function (inclusive)", "s"], rows),
     ]
-    rows = 0
+
+
+def task_overhead(doc: dict[str, Any]) -> list[str]:
+    """(f) per scale factor: each timer's median ms per call [95 % interval], our cost and Prefect's."""
+    rows, profiles = [], []
     for sf in scale_factors(doc):
-        o = {n: overhead_ms(doc, sf, n) for n in OVERHEAD_NAMES}
-        if all(v is None for v in o.values()):
+        if (f := overhead(doc, sf)) is None:
             continue
-        rows += 1
-        lines.append(
-            f"| {sf} | "
-            + " | ".join(fmt(o[n], 3) for n in OVERHEAD_NAMES)
-            + f" | {fmt(our_overhead_ms(doc, sf), 3)} | {fmt(prefect_overhead_ms(doc, sf), 3)} |"
-        )
-    return lines if rows else []
+        timers = [f"{fmt(f['timers'][n]['median'])} {fmt_ci(f['timers'][n]['ci'])}" for n in TIMERS]
+        diffs = [f"{fmt(f['differences'][d]['median_ms'])} {fmt_ci(f['differences'][d]['ci_ms'])}" for d in DIFFERENCES]
+        rows.append([sf, f["calls"], *timers, *diffs])
+        if "profile" in f:
+            title = f"Where a `gpu-task` call's time goes (SF {sf}, {f['calls']} calls sampled):"
+            profiles += ["", title, "", *profile(f["profile"])]
+    head = ["SF", "calls", *TIMERS, "ours (gpu-task − plain-task)", "Prefect (plain-task − bare)"]
+    return table(head, rows) + profiles if rows else []
 
 
-def breakdown_markdown(value: dict[str, Any] | None) -> str:
-    """
-    The per-step breakdown of one scale factor as a markdown table.
-
-    Parameters
-    ----------
-    value
-        ``results.json["breakdown"][sf]`` (:func:`benchmarks.breakdown.run_breakdown`),
-        or ``None`` for the empty table (every figure a dash).
-
-    Returns
-    -------
-    str
-        The table (median ms per pipeline run, and per step in brackets; the
-        last column is ``gpu-tasks`` minus the row, per step, averaged over the
-        pipelines), then how each piece is switched off.
-    """
-    value = value or {}
-    pipes = value.get("pipelines") or list(GOAL_PIPELINES)
-    modes = value.get("modes", {})
-
-    def total(mode: str, p: str) -> float | None:
-        entry = modes.get(mode, {}).get("pipelines", {}).get(p, {})
-        return entry.get("median_s") if entry.get("status") == "ok" else None
-
-    def cell(mode: str, p: str) -> str:
-        entry = modes.get(mode, {})
-        run = entry.get("pipelines", {}).get(p, {})
-        if run and run.get("status") != "ok":
-            return run["status"]
-        if entry.get("status") not in (None, "ok"):
-            return f"**{entry['status']}**"
-        t = total(mode, p)
-        if t is None:
-            return "—"
-        per_step = " / ".join(f"{s * 1000:.1f}" for s in run.get("steps_median_s", {}).values())
-        return f"{t * 1000:.1f} ({per_step})"
-
-    def saved(mode: str) -> str:
-        diffs = []
-        for p in pipes:
-            base, this = total("gpu-tasks", p), total(mode, p)
-            if base is not None and this is not None:
-                diffs.append((base - this) / steps(p) * 1000)
-        return fmt(sum(diffs) / len(diffs), 2) if diffs else "—"
-
-    lines = [
-        "| what runs | "
-        + " | ".join(f"{p.split('-')[0]}: ms (per step)" for p in pipes)
-        + " | gpu-tasks minus this, ms per step |",
-        "|---|" + "---:|" * (len(pipes) + 1),
+def many_tasks(doc: dict[str, Any]) -> list[str]:
+    """The many-small-tasks flow runs: medians per variant (s), the ratio, the profiles."""
+    m = doc["many_tasks"]
+    if m.get("status") != "ok":
+        return [f"Not measured: {m['error']}"] if m else []
+    rows = [
+        [name, f"{fmt(m[name]['wall']['median'], 2)} {fmt_ci(m[name]['wall']['ci'], 2)}",
+         fmt(m[name]["per_task_ms"], 1), *(fmt(m[name][k], 2) for k in FLOW_FIGURES)]
+        for name in ("plain", "ours")
     ]
-    for m in MODES:
-        lines.append(
-            f"| `{m.name}`: {m.label} | " + " | ".join(cell(m.name, p) for p in pipes) + f" | {saved(m.name)} |"
-        )
-    lines += ["", "How each piece is switched off:", ""]
-    lines += [f"* {p.label} (`-{p.name}`): {p.seam}" for p in PIECES]
-    return "\n".join(lines) + "\n"
-
-
-def session_start_markdown(value: dict[str, Any]) -> list[str]:
-    """The session's start, piece by piece (ms)."""
-    if value.get("status") != "ok":
-        return [f"Not measured: {value.get('error', 'no session-start run')}"]
+    head = ["variant", "flow run [95 %]", "ms per task", "tasks", "end", "settle", "CPU, this process",
+            "CPU, local API"]
     lines = [
-        f"Backend `{value['backend']}`, {value['repeats']} start(s) in one process.",
-        "",
-        "| piece | whose | first start (ms) | later starts, median (ms) |",
-        "|---|---|---:|---:|",
+        f"{m['tasks']} tasks per flow run, {m['runs']} flow runs of each, interleaved; medians in seconds, "
+        f"ours/plain {fmt(m['ratio'], 2)} {fmt_ci(m['ratio_ci'], 2)}.", "", *table(head, rows),
     ]
-    for name, piece in value["pieces"].items():
-        if piece["first_ms"] is None and piece["later_median_ms"] is None:
-            continue
-        lines.append(
-            f"| {piece['label']} (`{name}`) | {piece['whose']} | {fmt(piece['first_ms'], 1)} | "
-            f"{fmt(piece['later_median_ms'], 1)} |"
-        )
+    for name, p in m.get("profile", {}).items():
+        lines += ["", f"Where a flow run's time goes, `{name}`:", "", *profile(p)]
     return lines
 
 
-def _runs_text(settings: dict[str, Any]) -> str:
-    runs = settings.get("runs")
-    return ", ".join(map(str, runs)) if isinstance(runs, list) else str(runs)
+def session_start(value: dict[str, Any]) -> list[str]:
+    """The session's start, piece by piece (ms)."""
+    if value.get("status") != "ok":
+        return [f"Not measured: {value.get('error')}"]
+    rows = [
+        [f"{p['label']} (`{name}`)", p["whose"], fmt(p["first_ms"], 1), fmt(p["later_median_ms"], 1)]
+        for name, p in value["pieces"].items() if p["first_ms"] is not None
+    ]
+    head = ["piece", "whose", "first start (ms)", "later starts, median (ms)"]
+    title = f"Backend `{value['backend']}`, {value['repeats']} start(s) in one process."
+    return [title, "", *table(head, rows, text_columns=2)]
+
+
+def data(doc: dict[str, Any]) -> list[str]:
+    """The TPC-H tables of each scale factor: rows, bytes, seconds to generate and convert."""
+    rows = [
+        [sf, f"{d['rows']['lineitem']:,}", f"{d['bytes']:,}", fmt(d["generate_s"], 1), fmt(d["convert_s"], 1),
+         d["reused"], d["generator"]]
+        for sf, d in doc["data"].items()
+    ]
+    head = ["SF", "lineitem rows", "parquet bytes", "generate s", "convert s", "reused", "generator"]
+    return table(head, rows) if rows else []
+
+
+def failures(doc: dict[str, Any]) -> list[str]:
+    """One line per measurement that did not run, and per error outside one."""
+    lines = [f"* SF {m['scale_factor']} {m['pipeline']} {m['variant']}: {m['status']}: {m.get('error', '')[:300]}"
+             for m in doc["measurements"] if m["status"] != "ok"]
+    lines += [f"* SF {sf} task overhead: {v['status']}: {v.get('error', '')[:300]}"
+              for sf, v in doc["task_overhead"].items() if v["status"] != "ok"]
+    lines += [f"* {k.replace('_', ' ')}: {doc[k].get('error', '')[:300]}"
+              for k in ("many_tasks", "session_start") if doc[k].get("status") == "failed"]
+    return lines + [f"* {e['where']}: {e['error'][:300]}" for e in doc["errors"]]
 
 
 def _header(doc: dict[str, Any]) -> list[str]:
-    s = doc["settings"]
-    mach = doc.get("machine", {})
-    gpus = mach.get("gpus") or []
-    gpu_text = ", ".join(f"{g['name']} ({g['memory_total_mib']} MiB)" for g in gpus) or "none"
-    driver = gpus[0]["driver_version"] if gpus else "—"
-    versions = ", ".join(f"{k} {v}" for k, v in mach.get("packages", {}).items())
+    s, mach = doc["settings"], doc["machine"]
+    gpus = [f"{g['name']} ({g['memory_total_mib']} MiB), driver {g['driver_version']}" for g in mach.get("gpus", [])]
     commands = doc.get("commands") or [" ".join(doc["command"])]
     return [
-        "# TPC-H pipelines: prefect-cudf-polars vs plain Prefect tasks, bare cudf-polars, host round trips and the CPU",
-        "",
-        f"Run {doc['started_at']} – {doc.get('finished_at') or '(unfinished)'}; backend "
-        f"`{s['backend']}`; variants interleaved round by round; medians of {_runs_text(s)} "
-        f"runs after {s['warmups']} warm-up round(s), seconds (lower is better).",
-        "",
-        "Command(s): " + "; ".join(f"`{c}`" for c in commands) + ".",
-        "",
-        f"* GPU: {gpu_text}; driver {driver}; CUDA (driver) {mach.get('cuda_driver_version') or '—'}, "
-        f"CUDA runtime {mach.get('cuda_runtime_version') or '—'}",
-        f"* CPU: {mach.get('cpu_model')} ({mach.get('logical_cpus')} logical CPUs), "
-        f"{mach.get('memory_gib')} GiB; Python {mach.get('python')}",
-        f"* Versions: {versions}",
-        "",
-        "Variants: " + "; ".join(VARIANTS.values()) + ". a/b is what Prefect and our tasks add to "
-        "the chained engine calls, (h) − (b) Prefect's part of it and (a) − (h) ours; b/c what "
-        "materializing each step costs cudf-polars over one fused query; a/c = a/b x b/c. (f) "
-        "per-task overhead on a tiny query (the nations of one region): `bare` engine.execute(), "
-        "a `plain-task` (plain Prefect @task making that call), our `gpu-task`, and a `noop-task`.",
+        "# prefect-cudf-polars benchmarks: TPC-H pipelines, per-task overhead, many small tasks, session start", "",
+        f"Run {doc['started_at']} – {doc['finished_at'] or '(unfinished)'}; backend `{s['backend']}`; variants "
+        f"interleaved round by round; medians of {s['runs']} runs after {s['warmups']} warm-up round(s), seconds.", "",
+        "Command(s): " + "; ".join(f"`{c}`" for c in commands) + ".", "",
+        f"* GPU: {', '.join(gpus) or 'none'}; CUDA runtime {mach.get('cuda_runtime_version') or '—'}",
+        f"* CPU: {mach.get('cpu_model')} ({mach.get('logical_cpus')} logical CPUs), {mach.get('memory_gib')} GiB; "
+        f"Python {mach.get('python')}",
+        "* Versions: " + ", ".join(f"{k} {v}" for k, v in mach.get("packages", {}).items()), "",
+        "Variants: " + "; ".join(f"{short}: {what}" for short, what in VARIANTS.values()) + ".",
     ]
 
 
-def _failures(doc: dict[str, Any]) -> list[str]:
-    lines = []
-    for m in doc["measurements"] + doc["task_overhead"]:
-        if m["status"] != "ok":
-            what = f"{m.get('pipeline', 'task-overhead')} {m.get('variant', m.get('name'))}"
-            lines.append(f"* SF {m['scale_factor']} {what}: {m['status']}: {m.get('error', '')[:300]}")
-    for sf, value in doc.get("breakdown", {}).items():
-        if value.get("status") == "failed":
-            lines.append(f"* SF {sf} breakdown: {value.get('error', '')[:300]}")
-        for name, mode in value.get("modes", {}).items():
-            if mode["status"] != "ok":
-                lines.append(f"* SF {sf} breakdown `{name}`: {mode['status']}: {mode.get('error', '')[:300]}")
-    if doc.get("session_start", {}).get("status") == "failed":
-        lines.append(f"* session start: {doc['session_start'].get('error', '')[:300]}")
-    for e in doc.get("errors", []):
-        lines.append(f"* {e['where']}: {e['error'][:300]}")
-    return lines
-
-
-def summary(doc: dict[str, Any]) -> str:
-    """The tables to read first: goals, each scale factor side by side, per step, (g), (f), breakdown, session start."""
-    lines = ["## Goals", "", *goals_markdown(doc)]
+def markdown(doc: dict[str, Any], *, full: bool = True) -> str:
+    """The results as markdown: ``results.md`` with ``full`` (machine, seconds per step, data), else the summary."""
+    lines = [*(_header(doc) + [""] if full else []), "## Goals", "", *goals_markdown(doc)]
     for sf in scale_factors(doc):
-        if has_variants(doc, sf):
-            lines += ["", f"## Scale factor {sf}", "", *side_by_side_markdown(doc, sf)]
-            lines += ["", "Per step (ms, difference of the medians over the steps):", ""]
-            lines += per_step_markdown(doc, sf)
-    if peer := peer_markdown(doc):
-        lines += ["", "## The peer a user would pick instead: (g)", "", *peer]
-    if overhead := overhead_markdown(doc):
-        lines += ["", "## Per-task overhead on a tiny query (median ms per call)", "", *overhead]
-    for sf, value in doc.get("breakdown", {}).items():
-        if "modes" in value:
-            lines += ["", f"## Where the per-step time goes (SF {sf})", "", breakdown_markdown(value)]
-    if doc.get("session_start"):
-        lines += ["", "## The session's start", "", *session_start_markdown(doc["session_start"])]
-    if failures := _failures(doc):
-        lines += ["", "## Failures and skips", "", *failures]
-    return "\n".join(lines) + "\n"
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    """The results as a markdown document (machine, goals, tables, failures)."""
-    lines = [*_header(doc), "", "## Goals", "", *goals_markdown(doc)]
-    for sf in scale_factors(doc):
-        if not has_variants(doc, sf):
+        if not any(m["scale_factor"] == sf for m in doc["measurements"]):
             continue
-        lines += ["", f"## Scale factor {sf}", "", *side_by_side_markdown(doc, sf)]
-        lines += ["", "Per step (ms, difference of the medians divided by the steps):", ""]
-        lines += per_step_markdown(doc, sf)
-        eng = doc.get("engines", {}).get(sf, {})
-        timings = (eng.get("session") or {}).get("timings", {})
-        if eng.get("flow_run_wall_s") is not None:
-            lines += [
-                "",
-                f"Engine start (outside the timings): {fmt(timings.get('engine_start_s'), 2)} s; the "
-                f"flow run took {fmt(eng.get('flow_run_wall_s'), 1)} s of wall time in all (engine "
-                "start and shutdown, warm-ups, runs and (f)).",
-            ]
-        stepped = [
-            m
-            for m in doc["measurements"]
-            if m["scale_factor"] == sf and m["status"] == "ok" and m.get("steps_median_s")
-        ]
-        if stepped:
-            lines += ["", "Median seconds per step:", "", "| pipeline | variant | steps |", "|---|---|---|"]
-            for m in stepped:
-                text = ", ".join(f"{k} {v:.3f}" for k, v in m["steps_median_s"].items())
-                lines.append(f"| {m['pipeline']} | {SHORT.get(m['variant'], m['variant'])} | {text} |")
-    if peer := peer_markdown(doc):
-        lines += [
-            "",
-            "## The peer a user would pick instead: (g)",
-            "",
-            "Prefect's default cache policy hashes each task's inputs (here the DataFrames "
-            "between the steps) and its source; `hashing` is (g) minus (g) with NO_CACHE.",
-            "",
-            *peer,
-        ]
-    if overhead := overhead_markdown(doc):
-        lines += [
-            "",
-            "## Per-task overhead on a tiny query (median ms per call)",
-            "",
-            "The four take turns call by call in one flow run with one engine session: `bare` and "
-            "`plain-task` on the engine's thread, `gpu-task` and `noop-task` in the flow body.",
-            "",
-            *overhead,
-        ]
-    for sf, prof in doc.get("task_path_profile", {}).items():
-        if "status" in prof:
-            continue
-        lines += ["", f"Where one GPU task's time goes (SF {sf}, ms per call):", "", "| piece | ms |", "|---|---:|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in prof.items()]
-    for sf, value in doc.get("breakdown", {}).items():
-        if "modes" in value:
-            lines += [
-                "",
-                f"## Where the per-step time goes (SF {sf})",
-                "",
-                f"Median ms of {value['runs']} interleaved runs per pipeline, per step in brackets, "
-                "in one flow run and one engine session.",
-                "",
-                breakdown_markdown(value),
-            ]
-    if doc.get("session_start"):
-        lines += ["", "## The session's start", "", *session_start_markdown(doc["session_start"])]
-    if doc.get("data"):
-        lines += [
-            "",
-            "## Data (tpchgen-cli parquet, money columns as Float64)",
-            "",
-            "| SF | lineitem rows | parquet bytes | generate s | convert s | reused | generator |",
-            "|---|---:|---:|---:|---:|---|---|",
-        ]
-        for sf, d in doc["data"].items():
-            if "rows" not in d:
-                continue
-            lines.append(
-                f"| {sf} | {d['rows'].get('lineitem', 0):,} | {d.get('bytes', 0):,} | "
-                f"{fmt(d.get('generate_s'), 1)} | {fmt(d.get('convert_s'), 1)} | {d.get('reused')} | {d.get('generator')} |"
-            )
-    if failures := _failures(doc):
-        lines += ["", "## Failures and skips", "", *failures]
+        lines += ["", f"## Scale factor {sf}", "", *side_by_side(doc, sf)]
+        stepped = [m for m in doc["measurements"] if m["scale_factor"] == sf and m.get("steps_median_s")]
+        if full and stepped:
+            rows = [[m["pipeline"], VARIANTS[m["variant"]][0],
+                     ", ".join(f"{k} {v:.3f}" for k, v in m["steps_median_s"].items())] for m in stepped]
+            per_step = table(["pipeline", "variant", "steps"], rows, text_columns=3)
+            lines += ["", "Median seconds per step:", "", *per_step]
+    sections = {
+        "The peer a user would pick instead: (g)": peer(doc),
+        "Per-task overhead on a tiny query (median ms per call, [95 % interval])": task_overhead(doc),
+        "Many small tasks on the cpu backend": many_tasks(doc),
+        "The session's start": session_start(doc["session_start"]) if doc["session_start"] else [],
+        "Data (tpchgen-cli parquet, money columns as Float64)": data(doc) if full else [],
+        "Failures and skips": failures(doc),
+    }
+    for title, body in sections.items():
+        if body:
+            lines += ["", f"## {title}", "", *body]
     return "\n".join(lines) + "\n"
 
 
 def write_reports(doc: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Write ``results.md``, ``chart.png`` and, with a breakdown, ``breakdown.md`` into ``out``."""
-    out = Path(out)
-    (out / "results.md").write_text(markdown(doc))
-    problem = chart(doc, out / "chart.png")
-    written = {
-        "markdown": str(out / "results.md"),
-        "chart": None if problem else str(out / "chart.png"),
-        "chart_problem": problem,
-    }
-    tables = [
-        f"### SF {sf}\n\n" + breakdown_markdown(value)
-        for sf, value in doc.get("breakdown", {}).items()
-        if "modes" in value
-    ]
-    if tables:
-        (out / "breakdown.md").write_text("\n".join(tables))
-        written["breakdown"] = str(out / "breakdown.md")
-    return written
+    """Write ``results.md`` and ``chart.png`` into ``out``; returns their paths (and why there is no chart)."""
+    md, png = Path(out) / "results.md", Path(out) / "chart.png"
+    md.write_text(markdown(doc))
+    problem = chart(doc, png)
+    return {"markdown": str(md), "chart": None if problem else str(png), "chart_problem": problem}

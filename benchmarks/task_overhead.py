@@ -2,25 +2,30 @@
 (f) Per-task overhead on a tiny query: our GPU task vs a plain Prefect task vs the bare engine call.
 
 The tiny query (the 5 nations of one region, from ``nation.parquet``) takes the
-engine almost no time, so what is left is the cost around it. In one flow run
-and one engine session, taking turns call by call:
+engine almost no time, so what is left is the cost around it. In the flow run
+of the variants, on its engine session, four timers take turns call by call:
 
-* ``bare``: ``engine.execute(query)`` on the engine's thread;
-* ``plain-task``: a plain ``@task`` (no persistence, no cache) making the same
-  call, on the engine's thread: Prefect's own cost is ``plain-task - bare``;
-* ``gpu-task``: our ``gpu_task`` returning a ``GPUResult`` through the flow
-  run's engine session, called in the flow body: our cost is
-  ``gpu-task - plain-task`` (the hand-off to the owner thread included);
-* ``noop-task``: a plain ``@task`` doing nothing, called in the flow body.
+``gpu-task``
+    our ``gpu_task`` returning a ``GPUResult``, called in the flow body, with
+    the product's defaults (its Prefect events on, no per-result artifact);
+``plain-task``
+    a plain ``@task(persist_result=False, cache_policy=NO_CACHE)`` making the
+    bare call, on the engine's thread;
+``bare``
+    ``engine.execute(query)`` alone, on the engine's thread;
+``noop-task``
+    a plain task doing nothing, in the flow body.
 
 Each call is timed with ``time.perf_counter`` on the thread it runs on; its
-result is released after the timing, on that same thread.
+result is released after the timing. Each timer's median comes with its 95 %
+order-statistic interval; our overhead (``gpu-task`` minus ``plain-task``) and
+Prefect's (``plain-task`` minus ``bare``) are differences of medians, with
+percentile bootstrap intervals (:mod:`benchmarks.stats`).
 """
 
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,66 +35,22 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from benchmarks.pipelines import Paths, scan
+from benchmarks.profiling import StackSampler
+from benchmarks.stats import bootstrap_ci, summary
+from benchmarks.variants import BareEngine
 
-TINY_REGION = 2  # ASIA
+TIMERS = ("gpu-task", "plain-task", "bare", "noop-task")
+#: Difference name to (minuend, subtrahend).
+DIFFERENCES = {"ours": ("gpu-task", "plain-task"), "prefect": ("plain-task", "bare")}
 
 
 def tiny_query(paths: Paths) -> pl.LazyFrame:
-    """The nations of one region: 5 rows out of 25."""
-    return (
-        scan(paths, "nation")
-        .filter(pl.col("n_regionkey") == TINY_REGION)
-        .select("n_nationkey", "n_name")
-    )
-
-
-def _stats(runs: list[float]) -> dict[str, Any]:
-    ordered = sorted(runs)
-    return {
-        "median_ms": statistics.median(runs),
-        "p10_ms": ordered[len(ordered) // 10],
-        "p90_ms": ordered[(len(ordered) * 9) // 10],
-        "calls": len(runs),
-        "runs_ms": runs,
-    }
-
-
-def time_calls(
-    named: dict[str, Callable[[], float]], *, calls: int, warmups: int
-) -> dict[str, dict[str, Any]]:
-    """
-    Call each timer ``calls`` times, interleaved, after ``warmups`` untimed rounds.
-
-    The timers take turns call by call, so that a drift of the machine (Prefect's
-    background work, other processes) touches them alike.
-
-    Parameters
-    ----------
-    named
-        Name to a callable that makes one call and returns its seconds
-        (:func:`timed_release`, possibly handed to the engine's thread).
-    calls, warmups
-        Timed and untimed rounds.
-
-    Returns
-    -------
-    dict
-        Per name: ``median_ms``, ``p10_ms``, ``p90_ms``, ``calls`` and ``runs_ms``
-        (milliseconds).
-    """
-    for _ in range(warmups):
-        for timer in named.values():
-            timer()
-    gc.collect()
-    runs: dict[str, list[float]] = {name: [] for name in named}
-    for _ in range(calls):
-        for name, timer in named.items():
-            runs[name].append(timer() * 1000)
-    return {name: _stats(values) for name, values in runs.items()}
+    """The nations of one region (ASIA): 5 rows of 25."""
+    return scan(paths, "nation").filter(pl.col("n_regionkey") == 2).select("n_nationkey", "n_name")
 
 
 def timed_release(call: Callable[[], Any]) -> float:
-    """Seconds of ``call()``; then its persisted result or GPUResult is released (``None`` passes)."""
+    """Seconds of ``call()``; the persisted result or ``GPUResult`` it returns is released after the timing."""
     started = time.perf_counter()
     value = call()
     seconds = time.perf_counter() - started
@@ -98,28 +59,74 @@ def timed_release(call: Callable[[], Any]) -> float:
     return seconds
 
 
-def plain_task_for(engine: Any, paths: Paths) -> Any:
-    """A plain Prefect task that makes the bare engine call on the tiny query."""
-
-    @task(name="plain-engine-execute", persist_result=False, cache_policy=NO_CACHE)
-    def plain_engine_execute() -> Any:
-        return engine.execute(tiny_query(paths))
-
-    return plain_engine_execute
-
-
 @task(name="noop", persist_result=False, cache_policy=NO_CACHE)
 def noop_task() -> None:
     """A plain Prefect task doing nothing."""
-    return None
 
 
-def gpu_task_for(paths: Paths) -> Any:
-    """Our GPU task running the tiny query on the flow run's engine session."""
+def timers(engine: BareEngine, paths: Paths) -> dict[str, Callable[[], float]]:
+    """The four timers of the module docstring, each making one call and returning its seconds."""
     from prefect_cudf_polars.tasks import gpu_task
 
     @gpu_task(name="tiny-gpu-query")
     def tiny_gpu_query() -> pl.LazyFrame:
         return tiny_query(paths)
 
-    return tiny_gpu_query
+    @task(name="plain-engine-execute", persist_result=False, cache_policy=NO_CACHE)
+    def plain_engine_execute() -> Any:
+        return engine.execute(tiny_query(paths))
+
+    return {
+        "gpu-task": lambda: timed_release(tiny_gpu_query),
+        "plain-task": lambda: engine.call(timed_release, plain_engine_execute),
+        "bare": lambda: engine.call(timed_release, lambda: engine.execute(tiny_query(paths))),
+        "noop-task": lambda: timed_release(noop_task),
+    }
+
+
+def measure(engine: BareEngine, paths: Paths, *, calls: int, warmups: int, profile: bool) -> dict[str, Any]:
+    """
+    Time each timer ``calls`` times, interleaved call by call, after ``warmups`` untimed rounds.
+
+    Parameters
+    ----------
+    engine
+        The bare engine of the flow run's session (call in its flow run).
+    paths
+        The TPC-H tables (``nation`` is read).
+    calls, warmups
+        Timed and untimed rounds.
+    profile
+        Then sample the stacks of ``calls`` more ``gpu-task`` calls
+        (:class:`~benchmarks.profiling.StackSampler`).
+
+    Returns
+    -------
+    dict
+        ``calls``; ``timers``: per timer ``median``, ``ci`` (ms) and ``values``
+        (ms per call); ``differences``: ``ours`` and ``prefect``, each
+        ``median_ms`` and ``ci_ms``; with ``profile``, ``profile``.
+    """
+    named = timers(engine, paths)
+    for _ in range(warmups):
+        for timer in named.values():
+            timer()
+    gc.collect()
+    runs: dict[str, list[float]] = {name: [] for name in named}
+    for _ in range(calls):
+        for name, timer in named.items():
+            runs[name].append(timer() * 1000)
+    out: dict[str, Any] = {"calls": calls, "timers": {name: summary(values) for name, values in runs.items()}}
+    out["differences"] = {
+        name: {
+            "median_ms": out["timers"][x]["median"] - out["timers"][y]["median"],
+            "ci_ms": bootstrap_ci(runs[x], runs[y], lambda a, b: a - b),
+        }
+        for name, (x, y) in DIFFERENCES.items()
+    }
+    if profile:
+        with StackSampler() as sampler:
+            for _ in range(calls):
+                named["gpu-task"]()
+        out["profile"] = sampler.report()
+    return out

@@ -1,5 +1,5 @@
 """
-Timed runs of variants, interleaved round by round: warm-ups, then timed runs, median; stop early when the time budget is spent.
+Timed runs of variants, interleaved round by round, within the command's time budget.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from benchmarks.stats import median_ci
 
 
 class Budget:
@@ -23,16 +25,11 @@ class Budget:
     """
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.started = time.monotonic()
-
-    def left(self) -> float:
-        """Seconds left (negative once spent)."""
-        return self.seconds - (time.monotonic() - self.started)
+        self.deadline = time.monotonic() + seconds
 
     def spent(self) -> bool:
         """Whether no time is left."""
-        return self.left() <= 0
+        return time.monotonic() >= self.deadline
 
 
 class BudgetSpentError(RuntimeError):
@@ -41,7 +38,7 @@ class BudgetSpentError(RuntimeError):
 
 @dataclass
 class RunOutcome:
-    """What one timed call of a variant returns."""
+    """One timed run of a variant: its ``seconds``, its final ``result`` and its seconds per step."""
 
     seconds: float
     result: Any = None
@@ -51,20 +48,18 @@ class RunOutcome:
 @dataclass
 class Timing:
     """
-    Timings of one variant.
+    The runs of one variant.
 
     Attributes
     ----------
-    runs_s : list of float
-        Seconds of each timed run, in order.
-    warmup_s : list of float
-        Seconds of each warm-up run (not in the median).
+    runs_s, warmup_s : list of float
+        Seconds of each timed run and of each untimed warm-up run, in order.
     steps_s : dict of str to list of float
-        Per-step seconds of each timed run, where the variant times its steps.
+        Seconds of each step in each timed run, where the variant times its steps.
     cut_short : bool
-        Fewer runs than asked were done because the budget was spent.
+        The budget was spent before every asked run was done.
     result : object
-        The last run's result (for the correctness check).
+        The last run's final result (for the correctness check).
     """
 
     runs_s: list[float] = field(default_factory=list)
@@ -73,16 +68,12 @@ class Timing:
     cut_short: bool = False
     result: Any = None
 
-    @property
-    def median_s(self) -> float | None:
-        """Median of the timed runs (seconds), ``None`` with no run."""
-        return statistics.median(self.runs_s) if self.runs_s else None
-
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (the result itself is left out)."""
+        """JSON-ready, in seconds: ``median_s``, ``ci_s`` (95 %, or ``None``), ``min_s``, the runs, step medians."""
         return {
-            "median_s": self.median_s,
-            "min_s": min(self.runs_s) if self.runs_s else None,
+            "median_s": statistics.median(self.runs_s) if self.runs_s else None,
+            "ci_s": median_ci(self.runs_s),
+            "min_s": min(self.runs_s, default=None),
             "runs_s": self.runs_s,
             "warmup_s": self.warmup_s,
             "steps_median_s": {k: statistics.median(v) for k, v in self.steps_s.items() if v},
@@ -90,94 +81,60 @@ class Timing:
         }
 
 
-#: What :func:`interleave` gives for each variant: its timings, or the error that stopped it.
-Outcome = Timing | BaseException
-
-
 def interleave(
-    variants: dict[str, Callable[[], RunOutcome]],
-    *,
-    runs: int,
-    warmups: int,
-    budget: Budget,
-) -> dict[str, Outcome]:
+    variants: dict[str, Callable[[], RunOutcome]], *, runs: int, warmups: int, budget: Budget
+) -> dict[str, Timing | BaseException]:
     """
-    Run the variants round-robin: each round calls every variant once, in order.
+    Run the variants round-robin: ``warmups`` untimed rounds, then ``runs`` timed ones.
 
-    ``warmups`` untimed rounds come first, then ``runs`` timed rounds, so that a
-    drift of the machine (clocks, Prefect's background work, other processes)
-    touches every variant alike. A garbage collection runs before every call,
-    outside the timing. A variant that raises is left out of the later rounds
-    and the others go on. Once the budget is spent, no new round starts, but at
-    least one timed round always runs (``cut_short`` is then set).
+    Each round calls every variant once, in order, so that a drift of the
+    machine touches every variant alike; a garbage collection runs before each
+    call, outside the timing. A variant that raises leaves the later rounds.
+    Once the budget is spent no new round starts, but one timed round always
+    runs (``cut_short`` is then set).
 
     Parameters
     ----------
     variants
-        Name to a callable that runs the variant once and returns its
-        :class:`RunOutcome` (each variant times itself, so that it can time on
-        the thread it runs on, or inside a Prefect flow run).
+        Name to a callable that runs the variant once and times itself (on the
+        thread it runs on).
     runs, warmups
-        Timed rounds and untimed warm-up rounds.
+        Timed and untimed rounds.
     budget
         The command's budget.
 
     Returns
     -------
     dict
-        Name to its :class:`Timing`, or to the exception that stopped it:
-        :class:`BudgetSpentError` for every variant when the budget was spent
-        before the first call.
+        Name to its :class:`Timing`, or to the exception that stopped it
+        (:class:`BudgetSpentError` for all when the budget was spent before the first call).
     """
     if budget.spent():
         spent = BudgetSpentError("the command's time budget (--budget-s) was spent")
         return {name: spent for name in variants}
     timings = {name: Timing() for name in variants}
     failed: dict[str, BaseException] = {}
-
-    def call(name: str, timed_run: bool) -> None:
-        gc.collect()
-        try:
-            outcome = variants[name]()
-        except Exception as exc:  # this variant stops; the others go on
-            failed[name] = exc
-            return
-        timing = timings[name]
-        if not timed_run:
-            timing.warmup_s.append(outcome.seconds)
-            return
-        timing.runs_s.append(outcome.seconds)
-        timing.result = outcome.result
-        for step, seconds in outcome.steps_s.items():
-            timing.steps_s.setdefault(step, []).append(seconds)
-
-    def live() -> list[str]:
-        return [name for name in variants if name not in failed]
-
-    for _ in range(warmups):
-        for name in live():
-            call(name, timed_run=False)
-        if budget.spent():
+    for round_index in range(warmups + runs):
+        timed = round_index >= warmups
+        if round_index != warmups and budget.spent():  # a spent budget skips all but one timed round
+            if not timed:
+                continue
+            for timing in timings.values():
+                timing.cut_short = True
             break
-    for round_index in range(runs):
-        if round_index and budget.spent():
-            for name in live():
-                timings[name].cut_short = True
-            break
-        for name in live():
-            call(name, timed_run=True)
+        for name in [n for n in variants if n not in failed]:
+            gc.collect()
+            try:
+                outcome = variants[name]()
+            except Exception as exc:  # this variant stops; the others go on
+                failed[name] = exc
+                continue
+            timing = timings[name]
+            if not timed:
+                timing.warmup_s.append(outcome.seconds)
+                continue
+            timing.runs_s.append(outcome.seconds)
+            timing.result = outcome.result
+            for step, seconds in outcome.steps_s.items():
+                timing.steps_s.setdefault(step, []).append(seconds)
     return {name: failed.get(name, timings[name]) for name in variants}
-
-
-def outcome_value(outcome: Outcome) -> Timing:
-    """The :class:`Timing` of an :func:`interleave` outcome; raises the error it holds instead."""
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """``(seconds, fn())`` with ``time.perf_counter``."""
-    started = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - started, value
