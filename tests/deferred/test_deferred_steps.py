@@ -15,7 +15,7 @@ from polars.exceptions import ColumnNotFoundError
 from polars.testing import assert_frame_equal
 from prefect import flow
 
-from api_reads import artifacts_of, events_of, task_runs_of
+from api_reads import artifacts_of, events_of, related_ids, task_runs_of
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.blocks import telemetry as ev
@@ -396,20 +396,49 @@ def test_tee_of_a_deferred_result_gives_deferred_copies_that_each_run_the_plan(o
     assert summary["memory"]["at_end"] == summary["memory"]["at_start"]
 
 
-def test_the_readers_artifact_lists_the_fused_steps_and_each_deferred_step_says_so(orders):
-    (_, _), flow_run_id = run(chain(orders, defer=True))
+def summary_rows(flow_run_id, flow_name: str) -> dict[str, list[str]]:
+    """The rows of the flow run's session summary "Results" table, by result name (its cells)."""
+    [summary] = artifacts_of(flow_run_id=flow_run_id, key=ev.summary_key(flow_name))
+    table = summary.data[summary.data.index("#### Results"):]
+    lines = [line for line in table.splitlines()[4:] if line.startswith("|")]
+    return {cells[0].strip("`"): cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)}
+
+
+def test_with_result_artifacts_the_readers_artifact_lists_the_fused_steps_and_each_deferred_step_says_so(orders):
+    big = gpu_task(name="big-orders", defer=True)(big_orders)
+    double = gpu_task(name="doubled", defer=True)(doubled)
+    total = gpu_task(name="totals")(totals)
+
+    @flow(name="fused-chain", task_runner=runner(result_artifacts=True))
+    def pipeline():
+        return collect(total(double(big(execute(pl.scan_parquet(orders), name="orders", defer=True)))))
+
+    df, flow_run_id = run(pipeline)
+    assert_frame_equal(df, expected_totals(orders))
     runs = runs_of(flow_run_id, *CHAIN_RUNS)
+    steps = [f"* `{s}`, deferred by task run '{s}' (id {runs[s].id})" for s in ("orders", "big-orders", "doubled")]
     [reader] = artifacts_of(task_run_id=runs["totals"].id)
-    assert "Deferred steps fused into this engine call (3)" in reader.data
+    assert "### cudf-polars result `totals`" in reader.data
+    assert "#### Deferred steps fused in, upstream first" in reader.data
+    # Each fused step with the task run that deferred it, upstream first.
+    assert all(step in reader.data for step in steps), reader.data
+    assert reader.data.index(steps[0]) < reader.data.index(steps[1]) < reader.data.index(steps[2])
+    # The plan as it ran: the whole chain fused, the filter pushed into the parquet scan.
+    plan = reader.data[reader.data.index("#### Query plan"):]
+    assert "Parquet SCAN" in plan and 'SELECTION: col("amount") > 50.0' in plan and "AGGREGATE" in plan
+    assert f"| rows | {df.height} |" in reader.data
     for step in ("orders", "big-orders", "doubled"):
-        assert f"| `{step}` | task run '{step}' (id {runs[step].id}) | `{runs[step].id}` |" in reader.data
-    assert "3 deferred step(s) fused in" in reader.description
-    # Upstream first.
-    assert reader.data.index("`orders`") < reader.data.index("`big-orders`") < reader.data.index("`doubled`")
-    [step] = artifacts_of(task_run_id=runs["doubled"].id)
-    assert "cudf-polars deferred step `doubled`" in step.data
-    assert "Deferred: runs fused into the task run that reads it" in step.data
-    assert "| engine call | none (deferred) |" in step.data
+        [own] = artifacts_of(task_run_id=runs[step].id)
+        assert f"### cudf-polars deferred step (runs fused into the task run that reads it) `{step}`" in own.data
+        assert "| ranks (GPUs) | none |" in own.data and "| partitions | 0 |" in own.data
+    [doubled_step] = artifacts_of(task_run_id=runs["doubled"].id)
+    assert "| `double` | `Float64` |" in doubled_step.data
+    # The flow run's summary says which results were deferred steps.
+    rows = summary_rows(flow_run_id, "fused-chain")
+    assert {name: cells[2] for name, cells in rows.items()} == {
+        "orders": "deferred", "big-orders": "deferred", "doubled": "deferred", "totals": str(df.height),
+    }
+    assert all(cells[1] == "consumed" for cells in rows.values())
 
 
 def test_result_created_events_say_deferred_and_name_the_fused_steps(orders):
@@ -448,11 +477,11 @@ def test_a_collecting_step_cannot_be_deferred():
         gpu_task(collect=True, defer=True)
 
 
-def test_a_collecting_task_runs_artifact_lists_the_deferred_steps_it_ran(orders):
+def test_a_collecting_task_run_is_named_the_reader_of_the_deferred_step_it_ran(orders):
     big = gpu_task(name="big-orders", defer=True)(big_orders)
     collect_doubled = gpu_task(name="collect-doubled", collect=True)(doubled)
 
-    @flow(task_runner=runner())
+    @flow(name="collect-deferred", task_runner=runner())
     def pipeline():
         return collect_doubled(big(execute(pl.scan_parquet(orders), name="orders", defer=True)))
 
@@ -462,11 +491,19 @@ def test_a_collecting_task_runs_artifact_lists_the_deferred_steps_it_ran(orders)
     ).collect()
     assert_frame_equal(df, expected)
     runs = runs_of(flow_run_id, "orders", "big-orders", "collect-doubled")
-    [artifact] = artifacts_of(task_run_id=runs["collect-doubled"].id)
-    assert artifact.description == "cudf-polars collect: 2 deferred step(s) fused in"
-    assert f"| rows returned to the host | {expected.height:,} |" in artifact.data
-    for step in ("orders", "big-orders"):
-        assert f"| `{step}` | task run '{step}' (id {runs[step].id}) | `{runs[step].id}` |" in artifact.data
+    found = events_of(flow_run_id, expect={ev.RESULT_CONSUMED: 2, ev.ENGINE_STOPPED: 1})
+    consumed = {e.payload["name"]: e for e in found if e.event == ev.RESULT_CONSUMED}
+    # The collecting task run claimed the last deferred step; that step claimed the first.
+    reader = consumed["big-orders"]
+    assert reader.payload["deferred"] is True
+    assert reader.payload["consumed_by"] == f"task run 'collect-doubled' (id {runs['collect-doubled'].id})"
+    assert related_ids(reader, "producer") == [f"prefect.task-run.{runs['big-orders'].id}"]
+    assert consumed["orders"].payload["consumed_by"] == f"task run 'big-orders' (id {runs['big-orders'].id})"
+    # A collect produces no result: the summary lists the two deferred steps, both read.
+    rows = summary_rows(flow_run_id, "collect-deferred")
+    assert {name: (cells[1], cells[2]) for name, cells in rows.items()} == {
+        "orders": ("consumed", "deferred"), "big-orders": ("consumed", "deferred"),
+    }
 
 
 def test_sink_parquet_of_a_deferred_result_runs_the_plan_and_frees_what_it_held(orders, tmp_path):
