@@ -107,8 +107,11 @@ class EngineHost:
         host = cls(name, ended)
         try:
             host.run(host._start, backend, block)
-        except BaseException:
-            host.shutdown(deadline=None)
+        except BaseException as exc:
+            try:
+                host.shutdown(deadline=None)  # what the backend had started
+            except Exception as also:
+                exc.add_note(f"Shutting down what had started also failed: {type(also).__name__}: {also}")
             raise
         return host
 

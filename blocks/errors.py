@@ -32,22 +32,31 @@ class GPUResultError(RuntimeError):
     ----------
     message
         What happened and what to do next.
-    result_id
-        The id (32 hex characters) of the result concerned, if any.
-    result_name
-        The result's readable name (the query or task that produced it), if any.
+    **details
+        Values of the error's attributes, by name (each class lists its own).
+
+    Attributes
+    ----------
+    result_id : str or None
+        The id (32 hex characters) of the result concerned.
+    result_name : str or None
+        The result's readable name (the query or task that produced it).
+
+    Raises
+    ------
+    TypeError
+        For a detail the error has no attribute for.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        result_id: str | None = None,
-        result_name: str | None = None,
-    ) -> None:
+    result_id: str | None = None
+    result_name: str | None = None
+
+    def __init__(self, message: str, **details: str | None) -> None:
         super().__init__(message)
-        self.result_id = result_id
-        self.result_name = result_name
+        for name, value in details.items():
+            if not hasattr(type(self), name):
+                raise TypeError(f"{type(self).__name__} has no attribute {name!r}")
+            setattr(self, name, value)  # kept through pickling (BaseException.__reduce__ carries __dict__)
 
 
 class HostPersistenceError(GPUResultError):
@@ -70,26 +79,15 @@ class ResultConsumedError(GPUResultError):
     read). The first ``.lazy()`` claims the result for a task run or flow run;
     any later claim raises this error.
 
-    Parameters
+    Attributes
     ----------
-    message
-        What happened and what to do next.
-    result_id, result_name
+    result_id, result_name : str or None
         The result concerned.
-    consumer
+    consumer : str or None
         Name of the task run (or flow run) whose claim consumed it.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        result_id: str | None = None,
-        result_name: str | None = None,
-        consumer: str | None = None,
-    ) -> None:
-        super().__init__(message, result_id=result_id, result_name=result_name)
-        self.consumer = consumer
+    consumer: str | None = None
 
 
 class CannotRecomputeError(ResultConsumedError):
@@ -102,29 +100,15 @@ class CannotRecomputeError(ResultConsumedError):
     ``.lazy()`` frame outside a GPU task. The message says which step of the
     lineage stops the replay and what to do instead.
 
-    Parameters
+    Attributes
     ----------
-    message
-        What happened and what to do next.
-    result_id, result_name, consumer
+    result_id, result_name, consumer : str or None
         The result concerned and the run that consumed it.
-    reason
+    reason : str or None
         Why the lineage cannot be replayed (one sentence).
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        result_id: str | None = None,
-        result_name: str | None = None,
-        consumer: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        super().__init__(
-            message, result_id=result_id, result_name=result_name, consumer=consumer
-        )
-        self.reason = reason
+    reason: str | None = None
 
 
 class ResultReleasedError(GPUResultError):
@@ -145,29 +129,17 @@ class WrongEngineError(GPUResultError):
     another engine cannot read them (and cudf-polars does not check this), so
     prefect-cudf-polars checks it before calling the engine.
 
-    Parameters
+    Attributes
     ----------
-    message
-        What happened and what to do next.
-    result_id, result_name
+    result_id, result_name : str or None
         The result concerned.
-    producer_session, current_session
+    producer_session, current_session : str or None
         Ids of the session that produced the result and of the session that
         tried to use it.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        result_id: str | None = None,
-        result_name: str | None = None,
-        producer_session: str | None = None,
-        current_session: str | None = None,
-    ) -> None:
-        super().__init__(message, result_id=result_id, result_name=result_name)
-        self.producer_session = producer_session
-        self.current_session = current_session
+    producer_session: str | None = None
+    current_session: str | None = None
 
 
 class SessionError(RuntimeError):

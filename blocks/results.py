@@ -44,8 +44,8 @@ import polars as pl
 from prefect.utilities.collections import visit_collection
 from pydantic_core import SchemaSerializer, core_schema
 
-from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
-from prefect_cudf_polars.blocks.errors import ResultConsumedError, ResultReleasedError, SessionError, WrongEngineError
+from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan
+from prefect_cudf_polars.blocks.errors import ResultConsumedError, ResultReleasedError, WrongEngineError
 from prefect_cudf_polars.blocks.persistence import cache_key_form, refuse_host_persistence
 
 if TYPE_CHECKING:
@@ -87,34 +87,6 @@ def current_run() -> RunIdentity:
         run = flow_ctx.flow_run
         return RunIdentity(f"flow run {run.name!r} (id {run.id})", str(run.id), None)
     return RunIdentity("code outside any Prefect run", None, None)
-
-
-class FusedStep(NamedTuple):
-    """
-    A deferred step whose plan ran inside another task run's engine call.
-
-    Attributes
-    ----------
-    name : str
-        The deferred result's name (the step's task name).
-    produced_by : str
-        The task run (or flow run) that deferred it, as a readable name.
-    task_run_id : str or None
-        That task run's id (``None`` when deferred outside a task run).
-    """
-
-    name: str
-    produced_by: str
-    task_run_id: str | None
-
-
-class HeldPlan(NamedTuple):
-    """What a deferred result holds: its plan, its schema, the inputs the plan reads, its steps (its own last)."""
-
-    plan: pl.LazyFrame
-    schema: pl.Schema
-    held_inputs: tuple[GPUResult, ...]
-    steps: tuple[FusedStep, ...]
 
 
 class Lineage(Protocol):
@@ -586,23 +558,18 @@ def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
     return tuple(step for result in claimed if result.deferred for step in result.fused)
 
 
-def fused_note(exc: BaseException, steps: Sequence[FusedStep]) -> str | None:
-    """The note a failed engine call's error gets when it ran deferred steps (none when its session ended)."""
-    if not steps or any(isinstance(e, SessionError) for e in iter_exceptions(exc)):
-        return None
-    named = ", ".join(f"{step.name!r} ({step.produced_by})" for step in steps)
-    return (
-        f"This engine call ran the query with {len(steps)} deferred step(s) fused in, upstream first: "
-        f"{named}. The error may come from the query or from any of those steps; run them without "
-        "defer=True to see which one fails."
-    )
-
-
 def free_claimed(claimed: Sequence[GPUResult]) -> None:
     """Free what claimed inputs still hold (a read's leftovers; a deferred input's held inputs)."""
     for result in claimed:
         if result.state == "consumed" and result.holding:
             result.release()
+
+
+def release_partitions(results: Sequence[GPUResult]) -> None:
+    """Free the partitions ``results`` still hold, on the engine's thread; their handles keep their states."""
+    for result in results:
+        if result.persisted is not None:
+            result.persisted.release()
 
 
 def stable_transform(result: GPUResult) -> dict[str, str]:

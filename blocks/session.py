@@ -9,22 +9,21 @@ The engine session: one flow run's scope, its results and every rule of its life
    (:meth:`EngineSession.claimed`); a second raises ``ResultConsumedError``.
 4. **Everything is released when the session ends**, however it ends (return,
    exception, ``TerminationSignal``): :meth:`EngineSession.close` marks every
-   live result released and shuts the engine down once, on its owner thread,
+   live result released and shuts the engine down once on its owner thread,
    within the block's ``teardown_timeout`` (3 s while the flow run is being
    stopped: a Prefect process worker checks every 3 s whether the run's
    processes are gone). cudf-polars 26.10's ``shutdown`` closes every persisted
    partition's store; on Ray the results are released first (a release after
    the shutdown would start a new local Ray). Every handle then lets go of what
    it held, so the engine and its memory resource are freed by reference
-   counting before the flow run's final state is set. Past the limit, results
-   are marked released without the engine and the end line warns.
+   counting by the time ``close`` returns. Past the limit, the end line warns.
 5. **The engine opens at the first GPU call**; one that cannot start fails that
    task run, and every later GPU call of the run raises the same error.
 6. **Subflows** share the parent's engine host when their blocks are equal
    (:mod:`~prefect_cudf_polars.blocks.nesting`); sessions do not nest within a flow run.
-7. **A session left open at interpreter exit** is closed then, with one warning.
-
-What Prefect is told is :mod:`~prefect_cudf_polars.blocks.telemetry`'s.
+7. **A session left open at interpreter exit** is closed then, with one warning
+   (:mod:`~prefect_cudf_polars.blocks.exits`); what Prefect is told is
+   :mod:`~prefect_cudf_polars.blocks.telemetry`'s.
 """
 
 from __future__ import annotations
@@ -49,8 +48,8 @@ from prefect_cudf_polars.blocks.nesting import RUNNER_HERE, SESSION_HERE, shares
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, NO_SESSION_MESSAGE, NoEngineSessionError, SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
-from prefect_cudf_polars.blocks.results import EndedSession, FusedStep, GPUResult, HeldPlan, current_run
-from prefect_cudf_polars.blocks.results import free_claimed, fused_note, fused_steps
+from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
+from prefect_cudf_polars.blocks.results import EndedSession, GPUResult, current_run, free_claimed, fused_steps, release_partitions
 from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, user_stacklevel
 
 T = TypeVar("T")
@@ -127,7 +126,7 @@ class EngineSession:
         self._telemetry = SessionTelemetry(self.id, block.result_artifacts)
 
     # ---- opening -------------------------------------------------------------
-    def __enter__(self) -> EngineSession:  # noqa: D105
+    def __enter__(self) -> EngineSession:
         return self.open(activate=True)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -208,8 +207,7 @@ class EngineSession:
         return parent if shares_engine(self.block, parent.block, parent.backend, runs=runs) else None
 
     def _record_run(self) -> None:
-        ctx = _flow_run_context()
-        if self._telemetry.flow_run is None and ctx is not None:
+        if self._telemetry.flow_run is None and (ctx := _flow_run_context()) is not None:
             self._telemetry.attach(ctx.flow_run, ctx.flow)
 
     def announce(self) -> None:
@@ -295,7 +293,7 @@ class EngineSession:
         }
 
     def __repr__(self) -> str:
-        return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live_results={len(self._live)})"
+        return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live={len(self._live)})"
 
     # ---- as a session provider (with block.session()) ----------------------------
     @property
@@ -372,11 +370,11 @@ class EngineSession:
         return self._register(result, plan, self._telemetry.note(reading).memory)
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
-        def release_late(value: tuple[Any, Any, float]) -> None:
+        def release_late(value: tuple[Any, Any, float]) -> None:  # on the owner thread
             value[0].release()
             with self._lock:
-                self._counts["produced"] += 1
-                self._counts["released_unconsumed"] += 1
+                self._counts["produced"], self._counts["released_unconsumed"] = (
+                    self._counts["produced"] + 1, self._counts["released_unconsumed"] + 1)
             self._telemetry.late_result_released(name, run.task_run_id)
 
         return release_late
@@ -448,14 +446,7 @@ class EngineSession:
         return self._register(result, plan, None)
 
     def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
-        """
-        A new live result wrapping what ``like`` handed over (``tee``'s first copy), with its name and lineage.
-
-        Raises
-        ------
-        SessionError
-            When the session has ended (what was handed over is freed).
-        """
+        """A live result wrapping what ``like`` handed over (``tee``'s first copy); ``SessionError`` once ended."""
         result = GPUResult(
             handed, owner=self, name=like.name, run=current_run(), lineage=like.lineage,
             rows=like.rows, bytes=like.bytes, fused=like.fused,
@@ -499,14 +490,12 @@ class EngineSession:
 
     def free(self, persisted: Any) -> None:
         """Release ``persisted`` on the owner thread while the engine runs; after its shutdown, let it go."""
-        host = self._host
-        if host is not None:
-            try:
-                host.run(persisted.release)
-                return
-            except SessionError:
-                pass  # the host has shut down: its stores are closed
-        persisted.forget()
+        try:
+            if self._host is None:
+                raise SessionError(self.ended_message())
+            self._host.run(persisted.release)
+        except SessionError:  # the host has shut down: its stores are closed
+            persisted.forget()
 
     # ---- the end -----------------------------------------------------------------
     def close(self, *, terminating: bool = False) -> dict[str, Any]:
@@ -540,7 +529,7 @@ class EngineSession:
                 self.timings["engine_shutdown_s"] = host.shutdown_seconds
                 self._shutdown_thread = host.thread.name
             elif host is not None:
-                done = host.run_bounded(lambda: _release_all(holding), timeout=limit)
+                done = host.run_bounded(lambda: release_partitions(holding), timeout=limit)
             self.teardown = "complete" if done else f"stopped waiting after {limit:g} s for the engine"
         except Exception as exc:
             self.teardown = f"failed: {type(exc).__name__}: {exc}"
@@ -570,14 +559,7 @@ class EngineSession:
             return
         self._memory["at_end"] = self._telemetry.note(running.read()).memory
         if running.release_before_shutdown:
-            _release_all(holding)
-
-
-def _release_all(results: list[GPUResult]) -> None:
-    """Free the partitions ``results`` still hold, on the owner thread (their handles keep their states)."""
-    for result in results:
-        if result.persisted is not None:
-            result.persisted.release()
+            release_partitions(holding)
 
 
 def get_engine_session() -> EngineSession:

@@ -31,6 +31,7 @@ ROOMS = [
     "prefect_cudf_polars.blocks.engine_block",
     "prefect_cudf_polars.blocks.backends",
     "prefect_cudf_polars.blocks.persistence",
+    "prefect_cudf_polars.blocks.deferred",
     "prefect_cudf_polars.blocks.results",
     "prefect_cudf_polars.blocks.lineage",
     "prefect_cudf_polars.blocks.engine",

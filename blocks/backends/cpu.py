@@ -139,12 +139,16 @@ class CpuRunningEngine(RunningEngine):
     backend = "cpu"
 
     def __init__(self, gpu_support: GPUSupportCheck, raise_on_fail: bool) -> None:
-        self.engine = self
         self.uid = uuid.uuid4().hex
         self.gpu_support = gpu_support
         self.raise_on_fail = raise_on_fail
         with _lock:
             _stores[self.uid] = {}
+
+    @property
+    def engine(self) -> CpuRunningEngine:
+        """The engine itself (a property: no reference cycle keeps an ended engine alive)."""
+        return self
 
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> HostPersistedResult:
         self.gpu_support.check(lf, flags)

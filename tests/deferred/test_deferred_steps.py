@@ -355,8 +355,8 @@ def test_a_replayed_deferred_step_still_names_the_task_run_that_deferred_it(orde
 def test_a_failed_engine_call_holding_a_session_error_gets_no_fused_step_note():
     """The session ended: the note would blame steps that did not fail, so none is added."""
     from prefect_cudf_polars.blocks.errors import SessionError
-    from prefect_cudf_polars.blocks.results import FusedStep
-    from prefect_cudf_polars.blocks.results import fused_note as _fused_note
+    from prefect_cudf_polars.blocks.deferred import FusedStep
+    from prefect_cudf_polars.blocks.deferred import fused_note as _fused_note
 
     steps = (FusedStep("wide-orders", "task run 'wide-orders'", None),)
     ended = SessionError("the engine session has ended")
