@@ -401,7 +401,8 @@ def summary_rows(flow_run_id, flow_name: str) -> dict[str, list[str]]:
     [summary] = artifacts_of(flow_run_id=flow_run_id, key=ev.summary_key(flow_name))
     table = summary.data[summary.data.index("#### Results"):]
     lines = [line for line in table.splitlines()[4:] if line.startswith("|")]
-    return {cells[0].strip("`"): cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)}
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return {row[0].strip("`"): row[1:] for row in cells}
 
 
 def test_with_result_artifacts_the_readers_artifact_lists_the_fused_steps_and_each_deferred_step_says_so(orders):
