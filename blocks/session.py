@@ -367,7 +367,8 @@ class EngineSession:
             persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf),
             engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused,
         )
-        return self._register(result, plan, self._telemetry.note(reading).memory)
+        engine_plan = lf.explain(optimizations=flags) if self.block.result_artifacts else None
+        return self._register(result, plan, self._telemetry.note(reading).memory, engine_plan)
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
         def release_late(value: tuple[Any, Any, float]) -> None:  # on the owner thread
@@ -443,7 +444,7 @@ class EngineSession:
             HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
             lineage=lineage or Lineage.of_query(lf, deferred=True),
         )
-        return self._register(result, plan, None)
+        return self._register(result, plan, None, lf.explain(optimizations=flags) if self.block.result_artifacts else None)
 
     def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
         """A live result wrapping what ``like`` handed over (``tee``'s first copy); ``SessionError`` once ended."""
@@ -453,7 +454,7 @@ class EngineSession:
         )
         return self._register(result, None, None)
 
-    def _register(self, result: GPUResult, plan: str | None, memory: int | None) -> GPUResult:
+    def _register(self, result: GPUResult, plan: str | None, memory: int | None, engine_plan: str | None = None) -> GPUResult:
         with self._lock:
             open_ = self.state is State.OPEN and not self._ending
             if open_:
@@ -463,7 +464,7 @@ class EngineSession:
         if not open_:
             result.release()
             raise SessionError(self.ended_message())
-        self._telemetry.result_created(result, plan, memory)
+        self._telemetry.result_created(result, plan, memory, engine_plan)
         return result
 
     # ---- what results ask of their session (ResultOwner) ---------------------------

@@ -18,7 +18,7 @@ Event names (resource ``prefect-cudf-polars.engine-session.<id>`` or
 ``prefect_cudf_polars.result.created``
     A result was produced; the payload carries its facts: where it lives
     (backend, ranks, partitions), schema, rows, bytes, the engine call's
-    seconds, the memory in use after it, the plan the engine ran, and the
+    seconds, the memory in use after it, the query's logical plan, and the
     deferred steps fused into that call.
 ``prefect_cudf_polars.result.consumed`` / ``.result.released``
     Claimed by its one reader (the producing task run related as
@@ -135,6 +135,10 @@ def user_stacklevel() -> int:
     return level
 
 
+def _limited(plan: str) -> str:
+    return plan if len(plan) <= PLAN_LIMIT else f"{plan[:PLAN_LIMIT]}\n... ({len(plan) - PLAN_LIMIT:,} more characters)"
+
+
 def _table(rows: list[tuple[str, Any]]) -> str:
     return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
@@ -243,11 +247,14 @@ class SessionTelemetry:
             "fallback_warning": fallback_warning,
         }, run_resources(getattr(self.flow_run, "id", None)))
 
-    def result_created(self, result: Any, plan: str | None, memory: int | None) -> None:
-        """A result was produced: ``result.created`` with its facts (and its artifact with ``result_artifacts``)."""
-        plan = plan or "(the same plan as the result it was split from)"
-        if len(plan) > PLAN_LIMIT:
-            plan = f"{plan[:PLAN_LIMIT]}\n... ({len(plan) - PLAN_LIMIT:,} more characters)"
+    def result_created(self, result: Any, plan: str | None, memory: int | None, engine_plan: str | None = None) -> None:
+        """
+        A result was produced: ``result.created`` with its facts; with ``result_artifacts``, its artifact too.
+
+        ``plan`` is the query's logical plan (the event's); ``engine_plan``, the
+        optimized plan the engine ran (the artifact's, when asked for).
+        """
+        plan = _limited(plan or "(the same plan as the result it was split from)")
         self._results[result.id] = {
             "name": result.name, "produced_by": result.produced_by, "state": "live", "rows": result.rows,
             "bytes": result.bytes, "partitions": result.partitions, "engine_seconds": result.engine_seconds,
@@ -265,7 +272,7 @@ class SessionTelemetry:
 
             try:
                 create_markdown_artifact(
-                    markdown=result_markdown(result, plan, memory, self.gpus),
+                    markdown=result_markdown(result, _limited(engine_plan or plan), memory, self.gpus),
                     description=f"cudf-polars result {result.name!r}: plan, schema, rows, bytes, where it lives",
                 )
             except Exception as exc:

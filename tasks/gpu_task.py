@@ -74,7 +74,8 @@ def gpu_task(
         its plan (on the ``cpu`` backend, as cudf-polars would), runs nothing
         on the engine, and returns a deferred GPUResult holding the plan. The
         task that reads it runs this step's plan and its own in one engine
-        call, and lists this step in its artifact; the inputs this step read
+        call, and its ``result.created`` event lists this step among its
+        ``fused_steps``; the inputs this step read
         are freed after that call. The same rules as any result apply (read
         once, this session only, released at the flow run's end, retries
         replay it). Default False.

@@ -56,20 +56,17 @@ ZERO_COLUMN_MESSAGE = (
 
 
 def reads_in_process_source(lf: pl.LazyFrame) -> bool:
-    """
-    Whether a plan holds an IO-plugin scan (``PYTHON SCAN``), such as a result's frame.
-
-    Read from the unoptimized plan (``LazyFrame.explain(optimized=False)``),
-    which runs nothing and reads no data.
-    """
+    """Whether a plan holds an IO-plugin scan (``PYTHON SCAN``), such as a result's frame (its logical plan; reads no data)."""
     return IN_PROCESS_SCAN in lf.explain(optimized=False)
 
 
 def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
     """
-    Check ``lf`` before an engine runs it; the optimizations to run it with, and its plan.
+    Check ``lf`` before an engine runs it; the optimizations to run it with, and its logical plan.
 
-    Planning reads no data and claims no result.
+    Planning reads no data and claims no result. Only a plan that reads an
+    IO-plugin scan is optimized here (what polars would push into that scan
+    decides the flags); other plans cost one unoptimized ``explain``.
 
     Parameters
     ----------
@@ -81,8 +78,8 @@ def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
     (flags, plan) : tuple of polars.QueryOptFlags and str
         ``QueryOptFlags(slice_pushdown=False)`` when the plan reads a
         ``PYTHON SCAN`` and polars would push a row limit into a scan, polars'
-        defaults otherwise; and the optimized plan with those flags
-        (``LazyFrame.explain``), as the engine runs it.
+        defaults otherwise; and the query's logical plan
+        (``LazyFrame.explain(optimized=False)``).
 
     Raises
     ------
@@ -90,11 +87,12 @@ def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
         When the plan reads an IO-plugin scan (a result's frame) with zero
         columns; the message names the form that works. Nothing has run.
     """
-    flags, plan = pl.QueryOptFlags(), lf.explain()
+    flags, plan = pl.QueryOptFlags(), lf.explain(optimized=False)
     if IN_PROCESS_SCAN in plan:
-        if _PUSHED_SLICE.search(plan):
+        optimized = lf.explain()
+        if _PUSHED_SLICE.search(optimized):
             flags = pl.QueryOptFlags(slice_pushdown=False)
-            plan = lf.explain(optimizations=flags)
-        if _ZERO_COLUMN_SCAN.search(plan):
+            optimized = lf.explain(optimizations=flags)
+        if _ZERO_COLUMN_SCAN.search(optimized):
             raise NotImplementedError(ZERO_COLUMN_MESSAGE)
     return flags, plan

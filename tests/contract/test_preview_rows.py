@@ -19,8 +19,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from prefect import flow
 
-from api_reads import events_of
-from prefect_cudf_polars.blocks.telemetry import RESULT_CREATED
+from api_reads import artifacts_of, task_runs_of
 from cudf_polars_import import cudf_polars_or_skip
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
@@ -71,25 +70,24 @@ def test_preview_forms_on_the_cpu_backend_equal_polars(cpu_block, orders, form):
     assert live == ()
 
 
-def plan_of(flow_run_id, name: str, *, results: int) -> str:
-    """The plan in the ``result.created`` event of the flow run's result ``name`` (read back from the API)."""
-    [plan] = [e.payload["plan"] for e in events_of(flow_run_id, expect={RESULT_CREATED: results})
-              if e.event == RESULT_CREATED and e.payload["name"] == name]
-    return plan
+def plan_of(flow_run_id, name: str) -> str:
+    """The plan the engine ran, in the artifact of the task run ``name`` (the block's ``result_artifacts``)."""
+    [artifact] = artifacts_of(task_run_id=task_runs_of(flow_run_id, final=True)[name].id)
+    return artifact.data
 
 
 @pytest.mark.parametrize("form", PUSHED)
 def test_the_plan_the_engine_runs_keeps_the_row_limit_out_of_the_results_scan(cpu_block, orders, form):
-    """The result's ``result.created`` event shows the plan the engine got: a slice above the scan."""
+    """The GPU task run's artifact shows the plan the engine got: a slice above the scan."""
 
-    @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
+    @flow(task_runner=CudfPolarsTaskRunner(cpu_block.model_copy(update={"result_artifacts": True})))
     def pipeline():
         return collect(preview(execute(pl.scan_parquet(orders), name="orders"), form)).height
 
     state = pipeline(return_state=True)
     assert state.is_completed(), state
     flow_run_id = state.state_details.flow_run_id
-    plan = plan_of(flow_run_id, "preview", results=2)
+    plan = plan_of(flow_run_id, "preview")
     assert "PYTHON SCAN" in plan, plan
     assert "SLICE[offset: 0" in plan, plan
     assert "SLICE: Positive" not in plan, plan
@@ -223,10 +221,11 @@ def collect_top_customers(engine: CudfPolarsEngine, orders) -> tuple[pl.DataFram
 
 def test_a_row_limit_above_the_results_scan_keeps_slice_pushdown(orders):
     """A sort then head after an aggregation runs as polars' top-k sort, as bare cudf-polars runs it."""
-    engine = CudfPolarsEngine(backend="cpu", raise_on_fail=True)  # checked as the GPU would, where cudf-polars is installed
+    # Checked as the GPU would, where cudf-polars is installed; the artifact shows the plan the engine ran.
+    engine = CudfPolarsEngine(backend="cpu", raise_on_fail=True, result_artifacts=True)
     got, flow_run_id = collect_top_customers(engine, orders)
     assert_frame_equal(got, largest_customers(pl.scan_parquet(orders)).collect())
-    plan = plan_of(flow_run_id, "largest-customers", results=2)
+    plan = plan_of(flow_run_id, "largest-customers")
     assert "SORT BY [slice: (0, 3" in plan, plan  # top-k: the limit inside the sort
     assert "SLICE[offset" not in plan and "SLICE: Positive" not in plan, plan
 

@@ -21,7 +21,6 @@ from prefect import flow
 import nvidia_smi
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine
 from prefect_cudf_polars.tasks import (
     GPUResult,
     HostPersistenceError,
@@ -123,14 +122,16 @@ def test_session_end_releases_live_results_and_the_drivers_figure_returns(spmd, 
 
 
 def test_engine_lives_and_dies_on_the_owner_thread(spmd, big, monkeypatch):
+    from cudf_polars.engine.spmd import SPMDEngine
+
     threads = []
-    original = StreamingRunningEngine.shutdown
+    original = SPMDEngine.shutdown
 
     def spy(self):
         threads.append(threading.current_thread().name)
         original(self)
 
-    monkeypatch.setattr(StreamingRunningEngine, "shutdown", spy)
+    monkeypatch.setattr(SPMDEngine, "shutdown", spy)
 
     @flow(task_runner=CudfPolarsTaskRunner(spmd))
     def pipeline():
