@@ -1,9 +1,9 @@
 """
 An ended session gives its memory back without Python's garbage collector.
 
-CPU: with automatic garbage collection off, each flow run's session, its results and the
-cpu backend's engine and store are freed by reference counting alone when the run ends
-(nothing of ours survives from one run to the next).
+CPU: with automatic garbage collection off, an ended session (a ``with block.session():`` or a
+flow run's) and the cpu backend's engine and store are freed by reference counting alone; the
+result handles its caller or Prefect still keeps are released and hold nothing.
 
 GPU (``spmd``): four flow runs in one process (``scripts/sessions_in_one_process.py``, a
 process of its own with automatic collection off), each leaving two 1.6 GB results
@@ -70,7 +70,9 @@ def wait_for_session_events(session_id: str, timeout: float = 30.0) -> list[str]
         time.sleep(0.25)
 
 
-def test_an_ended_session_is_freed_by_reference_counting_and_the_handles_kept_hold_nothing(cpu_block, orders):
+def test_an_ended_session_and_its_engine_are_freed_by_reference_counting_and_kept_handles_hold_nothing(
+    cpu_block, orders
+):
     # A first session starts Prefect's events worker (it keeps the context it started in).
     with cpu_block.session() as first:
         first.execute(pl.scan_parquet(orders), name="warm-up")
@@ -78,12 +80,14 @@ def test_an_ended_session_is_freed_by_reference_counting_and_the_handles_kept_ho
     gc.disable()
     try:
         with cpu_block.session() as session:
+            engine = weakref.ref(session.running_engine)
             left = session.execute(pl.scan_parquet(orders), name="left live")
             read = session.execute(pl.scan_parquet(orders), name="read")
             assert session.collect(read).height == 1000
             assert held_partitions() == 1
         ended, summary = weakref.ref(session), session.summary()
         del session
+        assert engine() is None, "the ended session's engine is still alive without the garbage collector"
         assert telemetry.ENGINE_STOPPED in wait_for_session_events(summary["session_id"])
         assert ended() is None, "the ended session is still alive without the garbage collector"
         # The handles the caller kept are still there: released or consumed, holding nothing.
@@ -99,8 +103,16 @@ def test_an_ended_session_is_freed_by_reference_counting_and_the_handles_kept_ho
     assert summary["shutdown_thread"].startswith("cudf-polars-engine-owner-")
 
 
-def leaves_two_results_flow(cpu_block, orders, sessions: list, engines: list):
-    """A flow that leaves two results unread and returns their handles (Prefect keeps them in its state)."""
+#: What of ours may outlive a flow run while Prefect keeps its states and contexts: the handles the
+#: flow run returned, what they keep of their ended session, and the flow's task runner.
+KEPT_BY_PREFECT = {"GPUResult", "EndedSession", "CudfPolarsTaskRunner"}
+
+
+def test_each_flow_runs_session_and_engine_are_freed_by_reference_counting_and_kept_handles_hold_nothing(
+    cpu_block, orders
+):
+    sessions: list[weakref.ref] = []
+    engines: list[weakref.ref] = []
 
     @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
     def leaves_two_results() -> tuple[int, list[GPUResult]]:
@@ -110,40 +122,7 @@ def leaves_two_results_flow(cpu_block, orders, sessions: list, engines: list):
         left = [execute(pl.scan_parquet(orders), name="left 1"), execute(pl.scan_parquet(orders), name="left 2")]
         return collect(execute(pl.scan_parquet(orders))).height, left
 
-    return leaves_two_results
-
-
-def test_each_flow_runs_session_is_freed_by_reference_counting_and_its_returned_handles_hold_nothing(cpu_block, orders):
-    sessions: list[weakref.ref] = []
-    leaves_two_results = leaves_two_results_flow(cpu_block, orders, sessions, [])
     # A first run starts Prefect's background services (they keep the context they started in).
-    assert leaves_two_results()[0] == 1000
-    gc.collect()
-    gc.disable()
-    try:
-        for run in (1, 2, 3):
-            state = leaves_two_results(return_state=True)
-            height, left = state.result()
-            assert height == 1000
-            session = sessions[-1]()
-            holders = [type(r).__qualname__ for r in gc.get_referrers(session)] if session else []
-            del session
-            assert sessions[-1]() is None, f"run {run}: the ended session is still held by {holders}"
-            assert [r.state for r in left] == ["released", "released"]
-            assert not any(r.holding or r.persisted is not None or r.lineage is not None for r in left)
-            assert held_partitions() == 0
-    finally:
-        gc.enable()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the cpu backend's running engine refers to itself (blocks/backends/cpu.py:142, "
-    "`self.engine = self`), so only the garbage collector frees it and its GPU-support check",
-)
-def test_an_ended_sessions_engine_and_every_object_of_ours_are_freed_by_reference_counting(cpu_block, orders):
-    engines: list[weakref.ref] = []
-    leaves_two_results = leaves_two_results_flow(cpu_block, orders, [], engines)
     assert leaves_two_results()[0] == 1000
     gc.collect()
     gc.disable()
@@ -151,11 +130,23 @@ def test_an_ended_sessions_engine_and_every_object_of_ours_are_freed_by_referenc
         before = ours_alive()
         for run in (1, 2, 3):
             state = leaves_two_results(return_state=True)
-            assert state.result()[0] == 1000
-            del state
+            height, left = state.result()
+            assert height == 1000
             assert engines[-1]() is None, f"run {run}: the ended session's engine is still alive"
+            session = sessions[-1]()
+            holders = [type(r).__qualname__ for r in gc.get_referrers(session)] if session else []
+            del session
+            assert sessions[-1]() is None, f"run {run}: the ended session is still held by {holders}"
+            # The handles the flow run returned (Prefect keeps them in its state) hold nothing.
+            assert [r.state for r in left] == ["released", "released"]
+            assert not any(r.holding or r.persisted is not None or r.lineage is not None for r in left)
+            assert held_partitions() == 0
+            del state, left
             grown = ours_alive() - before
-            assert not grown, f"run {run} left these objects of ours alive: {dict(grown)}"
+            assert set(grown) <= KEPT_BY_PREFECT, f"run {run} left these objects of ours alive: {dict(grown)}"
+            kept = [o for o in gc.get_objects() if isinstance(o, GPUResult)]
+            assert not any(r.holding for r in kept), f"run {run}: a handle still holds partitions or a plan"
+            del kept
     finally:
         gc.enable()
 
