@@ -44,8 +44,31 @@ def deployed_run(server, nyc_paths, tmp_path_factory) -> dict:
     )
 
 
+def expected_rows(paths: dict[str, str], *, top: int) -> dict[str, int]:
+    """Rows of the main job's four GPU results, computed with polars on the CPU from the same files."""
+    from prefect_cudf_polars.flows import report_queries as q
+
+    enriched = q.enrich_flights(*(pl.scan_parquet(paths[t]) for t in ("flights", "weather", "planes")))
+    monthly = q.route_month_delays(enriched)
+    worst = q.worst_routes(monthly, pl.scan_parquet(paths["airlines"]), pl.scan_parquet(paths["airports"]), top=top)
+    return {
+        "enrich-flights": enriched.collect().height,
+        "route-month-delays": monthly.collect().height,
+        "worst-routes": worst.collect().height,
+        "carrier-month-delays": q.carrier_month_delays(pl.scan_parquet(paths["flights"])).collect().height,
+    }
+
+
+def summary_results(markdown: str) -> dict[str, list[str]]:
+    """The session summary's "Results" table: each result's cells after its name, by name."""
+    table = markdown[markdown.index("#### Results"):]
+    lines = [line for line in table.splitlines()[4:] if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return {row[0].strip("`"): row[1:] for row in cells}
+
+
 @pytest.mark.timeout(900)
-def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_server):
+def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_server, nyc_paths):
     from prefect.client.orchestration import get_client
 
     d = deployed_run
@@ -90,7 +113,7 @@ def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_serve
     png = (d["out_dir"] / "flight_delay_chart.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
-    # Its artifacts: report table, progress at 100 %, session summary, one per GPU result.
+    # Its artifacts: report table, progress at 100 %, the session summary listing every GPU result.
     by_key = {a.key: a for a in artifacts_of(flow_run_id=flow_run.id) if a.key}
     table = by_key["flight-delay-report"]
     assert table.type == "table"
@@ -101,14 +124,33 @@ def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_serve
     summary = by_key["flight-delay-report-cudf-polars-session"].data
     assert "| backend | cpu |" in summary and "| results produced | 4 |" in summary
     assert "| results released unconsumed | 0 |" in summary
+    rows = expected_rows(nyc_paths, top=20)
+    assert rows["worst-routes"] == report.height
+    listed = summary_results(summary)
     runs = task_runs_of(flow_run.id, final=True)
-    for name in ("enrich-flights", "route-month-delays", "worst-routes", "carrier-month-delays"):
-        [artifact] = artifacts_of(task_run_id=runs[name].id)
-        assert f"cudf-polars result `{name}`" in artifact.data
-    found = events_of(flow_run.id, expect={"prefect_cudf_polars.engine.stopped": 1})
+    assert set(listed) == set(rows)
+    for name, height in rows.items():
+        produced_by, state, listed_rows, listed_bytes, partitions = listed[name][:5]
+        assert produced_by == f"task run '{name}' (id {runs[name].id})"
+        assert (state, listed_rows, partitions) == ("consumed", str(height), "1"), listed[name]
+        assert int(listed_bytes.split(" bytes")[0].replace(",", "")) > 0
+        # The main job's block writes no per-result artifact on the task runs.
+        assert artifacts_of(task_run_id=runs[name].id) == []
+    found = events_of(flow_run.id, expect={"prefect_cudf_polars.engine.stopped": 1,
+                                           "prefect_cudf_polars.result.created": 4})
     names = {e.event for e in found}
     assert {"prefect_cudf_polars.engine.started", "prefect_cudf_polars.engine.stopped",
             "prefect_cudf_polars.result.created", "prefect_cudf_polars.result.consumed"} <= names
+    # Each result.created event carries the result's facts: rows, bytes, the plan it ran.
+    created = {e.payload["name"]: e.payload for e in found if e.event == "prefect_cudf_polars.result.created"}
+    assert set(created) == set(rows)
+    for name, height in rows.items():
+        payload = created[name]
+        assert payload["backend"] == "cpu" and payload["rows"] == height
+        assert payload["bytes"] == int(listed[name][3].split(" bytes")[0].replace(",", ""))
+        assert payload["plan"].strip() and payload["schema"]
+    assert "JOIN" in created["enrich-flights"]["plan"] and "AGGREGATE" in created["carrier-month-delays"]["plan"]
+    assert list(created["worst-routes"]["schema"]) == report.columns
     # The future runs are still waiting for 06:00.
     with get_client(sync_client=True) as client:
         for run in d["scheduled"]:
@@ -143,6 +185,12 @@ def test_ui_shows_the_session_summary_of_the_main_job_run(deployed_run, server, 
                                  ("backend", "cpu"), ("Dask dashboard", "none (no Dask cluster)")]:
                 row = page.get_by_role("row").filter(has=page.get_by_text(label, exact=True))
                 expect(row.first).to_contain_text(value)
+            # ... and its Results table: each GPU result, the task run that produced it, its state.
+            expect(page.get_by_text("Results (4)")).to_be_visible()
+            for name in ("enrich-flights", "route-month-delays", "worst-routes", "carrier-month-delays"):
+                row = page.get_by_role("row").filter(has=page.get_by_text(name, exact=True))
+                expect(row.first).to_contain_text(f"task run '{name}'")
+                expect(row.first).to_contain_text("consumed")
             shot = tmp_path / "session-summary.png"
             page.screenshot(path=shot, full_page=True)
         finally:
