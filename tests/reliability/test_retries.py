@@ -2,7 +2,9 @@
 Retries of GPU tasks whose failed attempt consumed its input.
 
 The retry recomputes the input from its recorded lineage (down to the scans),
-also two steps down a chain, or fails at once with CannotRecomputeError saying why.
+also two steps down a chain, or fails at once with CannotRecomputeError saying why;
+the same contract holds for each of the six tasks that call the engine (gpu_task,
+execute, collect, tee, read_parquet, sink_parquet).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from prefect_cudf_polars.tasks import (
     collect,
     execute,
     gpu_task,
+    read_parquet,
+    sink_parquet,
+    tee,
 )
 from reliability_fixtures import engine_block  # noqa: F401 (pytest fixtures)
 
@@ -185,3 +190,114 @@ def test_execute_and_collect_with_retries_recompute_too(orders, monkeypatch):
 
     assert pipeline() == 1000
     assert failures == {"execute": 0, "collect": 0}
+
+
+# ---- the contract, over every task that calls the engine -----------------------------------
+@gpu_task(name="passthrough")
+def passthrough(r: GPUResult) -> pl.LazyFrame:
+    return r.lazy()
+
+
+def _sink_rows(summary) -> int:
+    return summary.rows
+
+
+#: Each task that calls the engine, given the flow run's result (or, for read_parquet, the
+#: file's path), with retries=1: what it returns, as a row count.
+SIX = {
+    "gpu_task": lambda r, path, out: collect(passthrough.with_options(retries=1, retry_delay_seconds=0)(r)).height,
+    "execute": lambda r, path, out: collect(execute.with_options(retries=1, retry_delay_seconds=0)(r)).height,
+    "collect": lambda r, path, out: collect.with_options(retries=1, retry_delay_seconds=0)(r).height,
+    "tee": lambda r, path, out: sum(collect(c).height for c in tee.with_options(retries=1, retry_delay_seconds=0)(r, 2)),
+    "read_parquet": lambda r, path, out: (
+        r.release(), collect(read_parquet.with_options(retries=1, retry_delay_seconds=0)(path)).height
+    )[1],
+    "sink_parquet": lambda r, path, out: _sink_rows(
+        sink_parquet.with_options(retries=1, retry_delay_seconds=0)(r, str(out), overwrite=True)
+    ),
+}
+EXPECTED_ROWS = {"tee": 2000}
+
+
+@pytest.fixture()
+def fails_once_after_reading(monkeypatch):
+    """
+    Make the next armed engine call that reads a result's frame, or tee's hand-over, fail once.
+
+    A transient failure inside the engine call: the task has claimed its input by then. For
+    ``read_parquet``, whose input is a file, the next armed engine call fails once.
+    """
+    from prefect_cudf_polars.blocks import EngineSession
+    from prefect_cudf_polars.blocks.backends.cpu import CpuRunningEngine
+
+    state = {"armed": False, "failed": 0, "any_call": False}
+
+    def fail_now(reads_result: bool) -> bool:
+        if state["armed"] and not state["failed"] and (reads_result or state["any_call"]):
+            state["failed"] += 1
+            return True
+        return False
+
+    for name in ("execute", "collect"):
+        original = getattr(CpuRunningEngine, name)
+
+        def flaky(self, lf, flags, _original=original):
+            if fail_now("PYTHON SCAN" in lf.explain(optimized=False)):
+                raise OSError("transient engine failure after the input was read")
+            return _original(self, lf, flags)
+
+        monkeypatch.setattr(CpuRunningEngine, name, flaky)
+    original_adopt = EngineSession.adopt
+
+    def flaky_adopt(self, handed, *, like):
+        result = original_adopt(self, handed, like=like)
+        if fail_now(True):  # after the hand-over claimed the input
+            result.release()
+            raise OSError("transient failure after tee read its input")
+        return result
+
+    monkeypatch.setattr(EngineSession, "adopt", flaky_adopt)
+    return state
+
+
+@pytest.mark.parametrize("kind", sorted(SIX))
+def test_every_task_that_calls_the_engine_recomputes_its_input_on_retry(kind, orders, tmp_path, fails_once_after_reading):
+    """A retry of any of the six GPU tasks whose attempt failed after reading its input runs on a recomputed input."""
+    state = fails_once_after_reading
+    state["any_call"] = kind == "read_parquet"
+    before = held_partitions()
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        r = execute(pl.scan_parquet(orders), name="orders")
+        state["armed"] = True
+        return SIX[kind](r, str(orders), tmp_path / "sunk")
+
+    assert pipeline() == EXPECTED_ROWS.get(kind, 1000)
+    assert state["failed"] == 1  # the first attempt failed, the retry completed
+    assert held_partitions() == before
+
+
+@pytest.mark.parametrize("kind", sorted(set(SIX) - {"read_parquet"}))
+def test_every_task_that_calls_the_engine_fails_at_once_when_its_input_cannot_be_recomputed(
+    kind, orders, tmp_path, fails_once_after_reading
+):
+    """An input built from a result's frame in the flow body has no replayable lineage: one attempt, then CannotRecomputeError."""
+    state = fails_once_after_reading
+    before = held_partitions()
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        base = execute(pl.scan_parquet(orders), name="orders")
+        r = execute(base.lazy().head(500), name="first-half")  # lineage reads a frame: not replayable
+        state["armed"] = True
+        if kind == "tee":  # a split into two needs the lineage first: one copy reads the input itself
+            return collect(tee.with_options(retries=1, retry_delay_seconds=0)(r, 1)[0]).height
+        return SIX[kind](r, str(orders), tmp_path / "sunk")
+
+    state_ = pipeline(return_state=True)
+    assert state_.is_failed(), state_
+    with pytest.raises(CannotRecomputeError, match="this retry cannot recompute it.*in-process source"):
+        state_.result()
+    assert state["failed"] == 1  # one attempt failed; Prefect did not retry the recompute failure
+    assert held_partitions() == before
