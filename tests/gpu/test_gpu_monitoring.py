@@ -1,10 +1,11 @@
 """
 What the Prefect UI shows for a real GPU run: SPMD backend, one rank, one GPU.
 
-Artifacts and events must carry real GPU figures: backend ``spmd``, the device's name,
-device memory rmm has allocated (bytes > 0 while a result lives on the GPU), and the
-deployment of prefect.yaml run by a worker with a ``spmd`` engine block against a real
-`prefect server start` on 127.0.0.1. Skipped without an NVIDIA GPU and RAPIDS (see conftest).
+The session summary, the events and (with the block's ``result_artifacts``) each result's
+artifact must carry real GPU figures: backend ``spmd``, the device's name, device memory rmm
+has allocated (bytes > 0 while a result lives on the GPU); so must the deployment of
+prefect.yaml run by a worker with a ``spmd`` engine block against a real `prefect server start`
+on 127.0.0.1. Skipped without an NVIDIA GPU and RAPIDS (see conftest).
 """
 
 from __future__ import annotations
@@ -49,9 +50,18 @@ def key_sums(rows: GPUResult) -> pl.LazyFrame:
     return rows.lazy().group_by("key").agg(pl.col("x").sum())
 
 
+def summary_results(markdown: str) -> dict[str, list[str]]:
+    """The session summary's "Results" table: each result's cells after its name, by name."""
+    table = markdown[markdown.index("#### Results"):]
+    lines = [line for line in table.splitlines()[4:] if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return {row[0].strip("`"): row[1:] for row in cells}
+
+
 def test_gpu_artifacts_and_events_carry_spmd_rmm_figures(numbers):
-    @flow(name="gpu-monitoring",
-          task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", raise_on_fail=True)))
+    block = CudfPolarsEngine(backend="spmd", raise_on_fail=True, result_artifacts=True)
+
+    @flow(name="gpu-monitoring", task_runner=CudfPolarsTaskRunner(block))
     def pipeline():
         rows = execute(pl.scan_parquet(numbers).filter(pl.col("x") > 0.5), name="half")
         execute(pl.scan_parquet(numbers), name="left-on-gpu")  # released unconsumed
@@ -60,35 +70,50 @@ def test_gpu_artifacts_and_events_carry_spmd_rmm_figures(numbers):
     state = pipeline(return_state=True)
     assert state.is_completed(), state
     flow_run_id = state.state_details.flow_run_id
-    runs = task_runs_of(flow_run_id)
+    runs = task_runs_of(flow_run_id, expect=4, final=True)
+    half_rows = pl.scan_parquet(numbers).filter(pl.col("x") > 0.5).select(pl.len()).collect().item()
 
+    # The result's artifact (the block's result_artifacts): where it lives, its size, rmm's figure.
     [half] = artifacts_of(task_run_id=runs["half"].id)
     text = half.data
     assert "| backend | spmd |" in text and "| partitions | 1 |" in text
     gpu_name = re.search(r"\| ranks \(GPUs\) \| 0 \((.+?)\) \|", text)[1]
     assert "NVIDIA" in gpu_name
-    assert "rmm statistics" in text
+    assert f"| rows | {half_rows} |" in text
     # ~1M rows x 2 columns of 8 bytes (~16 MB) stay in device memory after the call.
+    assert _bytes(text, "bytes") >= half_rows * 16
     assert _bytes(text, "memory in use after") >= 4_000_000
 
     [summary] = artifacts_of(flow_run_id=flow_run_id, key=summary_key("gpu-monitoring"))
     s = summary.data
     assert "| backend | spmd |" in s and f"| GPUs | {gpu_name} |" in s
+    assert "| memory measured as | device memory rmm has allocated (rmm statistics) |" in s
     assert "| results produced | 3 |" in s and "| results released unconsumed | 1 |" in s
     assert _bytes(s, "peak memory rank 0") >= _bytes(text, "memory in use after")
     assert _bytes(s, "peak memory") > 0
+    listed = summary_results(s)
+    assert {name: cells[1] for name, cells in listed.items()} == {
+        "half": "consumed", "left-on-gpu": "released unread", "key-sums": "consumed",
+    }
+    assert listed["half"][2] == str(half_rows) and listed["left-on-gpu"][2] == str(ROWS)
 
-    found = events_of(flow_run_id, expect={ev.ENGINE_STOPPED: 1, ev.RESULT_RELEASED: 1})
+    found = events_of(flow_run_id, expect={ev.ENGINE_STOPPED: 1, ev.RESULT_RELEASED: 1, ev.RESULT_CREATED: 3})
     by_name = {}
     for event in found:
         by_name.setdefault(event.event, []).append(event)
     [started] = by_name[ev.ENGINE_STARTED]
     assert started.payload["backend"] == "spmd" and started.payload["gpus"] == [gpu_name]
     created = {e.payload["name"]: e.payload for e in by_name[ev.RESULT_CREATED]}
-    assert created["half"]["backend"] == "spmd" and created["half"]["memory_in_use_bytes"] > 0
+    assert created["half"]["backend"] == "spmd" and created["half"]["ranks"] == [0]
+    assert created["half"]["memory_in_use_bytes"] > 0
+    assert created["half"]["rows"] == half_rows and created["half"]["bytes"] == _bytes(text, "bytes")
+    assert created["left-on-gpu"]["rows"] == ROWS and created["left-on-gpu"]["plan"].strip()
+    # What the engine held when the session ended, before its shutdown: the result nobody read.
+    assert _bytes(s, "memory held at the end") >= created["left-on-gpu"]["bytes"]
     [stopped] = by_name[ev.ENGINE_STOPPED]
     assert stopped.payload["counts"]["released_unconsumed"] == 1
     assert stopped.payload["peak_memory"] > 0
+    assert stopped.payload["memory"]["at_end"] >= created["left-on-gpu"]["bytes"]
 
 
 @pytest.mark.timeout(900)
@@ -113,10 +138,17 @@ def test_deployment_runs_on_the_gpu_with_a_spmd_engine_block(nyc_paths, tmp_path
             assert "| backend | spmd |" in summary and "NVIDIA" in summary
             assert "| results produced | 4 |" in summary
             assert _bytes(summary, "peak memory rank 0") > 0
-            runs = task_runs_of(flow_run.id)
-            [enriched] = artifacts_of(task_run_id=runs["enrich-flights"].id)
-            assert "| backend | spmd |" in enriched.data
-            assert _bytes(enriched.data, "memory in use after") > 0
+            # The summary lists the GPU results; their result.created events carry rmm's figure.
+            listed = summary_results(summary)
+            assert set(listed) == {"enrich-flights", "route-month-delays", "worst-routes", "carrier-month-delays"}
+            assert all(cells[1] == "consumed" and int(cells[2]) > 0 for cells in listed.values()), listed
+            assert listed["worst-routes"][2] == "20"
+            found = events_of(flow_run.id, expect={ev.RESULT_CREATED: 4, ev.ENGINE_STOPPED: 1})
+            created = {e.payload["name"]: e.payload for e in found if e.event == ev.RESULT_CREATED}
+            enriched = created["enrich-flights"]
+            assert enriched["backend"] == "spmd" and enriched["ranks"] == [0]
+            assert enriched["memory_in_use_bytes"] > 0 and enriched["bytes"] > 0
+            assert enriched["rows"] == int(listed["enrich-flights"][2])
         report = pl.read_parquet(tmp_path / "report" / "flight_delay_report.parquet")
         assert report.height == 20
         assert (tmp_path / "report" / "flight_delay_chart.png").stat().st_size > 10_000
