@@ -22,8 +22,9 @@ Event names (resource ``prefect-cudf-polars.engine-session.<id>`` or
     deferred steps fused into that call.
 ``prefect_cudf_polars.result.consumed`` / ``.result.released``
     Claimed by its one reader (the producing task run related as
-    ``producer``) / released before anyone read it (explicitly, or at the
-    session's end: the event to alert on).
+    ``producer``; a deferred result lists the steps its plan holds, which its
+    reader's engine call runs) / released before anyone read it (explicitly,
+    or at the session's end: the event to alert on).
 
 The flow run gets one markdown artifact at the session's end, keyed
 ``<flow-name>-cudf-polars-session``: the session's figures and every result
@@ -35,6 +36,7 @@ failures are logged.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import re
@@ -42,6 +44,7 @@ from typing import Any
 
 from prefect.logging import get_logger
 
+from prefect_cudf_polars.blocks.active import PROVIDER
 from prefect_cudf_polars.blocks.backends.compat import without_prefect_run_context
 
 #: Prefect's ``prefect.prefect_cudf_polars`` logger: lines that belong to no flow run (console only).
@@ -88,18 +91,22 @@ def emit(event: str, resource: dict[str, str], payload: dict[str, Any], related:
 
     Outside any run context (a task runner's session end) the event carries
     only the runs it names itself (:func:`~prefect_cudf_polars.blocks.backends.compat.without_prefect_run_context`).
+    Prefect keeps a copy of the sender's context with each queued event (and
+    its worker thread keeps the first one): the copy is made without the
+    innermost session provider, so it keeps no session alive.
     """
     from prefect.context import FlowRunContext, TaskRunContext
     from prefect.events import emit_event
 
     def send() -> None:
+        PROVIDER.set(None)  # the copy of this context Prefect keeps with the event holds no session
         emit_event(event=event, resource=resource, related=related, payload=payload)
 
     try:
         if FlowRunContext.get() is None and TaskRunContext.get() is None:
             without_prefect_run_context(send)
         else:
-            send()
+            contextvars.copy_context().run(send)
     except Exception as exc:  # an API that is down must not fail a query
         logger.warning("Could not emit Prefect event %s: %s", event, exc)
 
@@ -153,7 +160,8 @@ def result_markdown(result: Any, plan: str, memory: int | None, gpus: list[str])
         f"### cudf-polars {kind} `{result.name}`\n\n"
         + _table([
             ("backend", result.backend), ("ranks (GPUs)", ranks), ("partitions", result.partitions),
-            ("rows", result.rows), ("bytes", format_bytes(result.bytes)),
+            ("rows", "deferred" if result.deferred else result.rows),
+            ("bytes", "deferred" if result.deferred else format_bytes(result.bytes)),
             ("engine call", f"{result.engine_seconds:.3f} s"), ("memory in use after", format_bytes(memory)),
             ("result id", f"`{result.id}`"),
         ])
@@ -284,6 +292,7 @@ class SessionTelemetry:
         row["state"] = "consumed"
         self._emit(RESULT_CONSUMED, result_resource(result), {
             "name": result.name, "consumed_by": result.consumed_by, "deferred": result.deferred,
+            "fused_steps": [step._asdict() for step in result.fused] if result.deferred else [],
         }, run_resources(task_run_id=row.get("producer"), role="producer"))
 
     def result_released(self, result: Any, *, at_session_end: bool) -> None:

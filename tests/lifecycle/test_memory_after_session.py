@@ -164,12 +164,12 @@ def test_driver_memory_after_each_session_in_one_process_comes_back(figure):
     out = json.loads(lines[-1][len("RESULT "):])
     used = out["driver_used_after_run"]
     figure("driver_used_after_run_bytes", used)
-    figure("rmm_before_shutdown_bytes", out["rmm_before_shutdown"])
+    figure("rmm_at_end_bytes", out["rmm_at_end"])
     assert len(used) == 4, out
     for n in (2, 3, 4):
         grew = used[n - 1] - used[n - 2]
         assert grew <= SESSION_SLACK, (
             f"after flow run {n} the driver's used device memory is {grew / 2**20:,.0f} MiB above "
             f"its figure after run {n - 1} (bytes after each run: {used}; rmm's figure at each "
-            f"session's end: {out['rmm_before_shutdown']})"
+            f"session's end: {out['rmm_at_end']})"
         )

@@ -60,12 +60,11 @@ def leaves_two_results() -> None:
 
 def main() -> dict:
     gc.disable()
-    out: dict = {"rows": ROWS, "driver_used_at_start": driver_used(), "driver_used_after_run": [], "rmm_before_shutdown": [], "engine_freed": []}
+    out: dict = {"rows": ROWS, "driver_used_at_start": driver_used(), "driver_used_after_run": [], "rmm_at_end": []}
     for _ in range(RUNS):
         leaves_two_results()
         session = ends.pop()
-        out["rmm_before_shutdown"].append(session.summary()["memory"]["at_end"])
-        out["engine_freed"].append(session.summary()["engine_freed"])
+        out["rmm_at_end"].append(session.summary()["memory"]["at_end"])
         del session
         out["driver_used_after_run"].append(settled_driver_used())
         print(json.dumps(out), flush=True)
