@@ -16,7 +16,11 @@ rows of an in-memory 25-row frame) and waiting for all of them:
 
 The two take turns flow run by flow run, the first of a round alternating,
 after at least one untimed round (the first flow runs of a process start
-Prefect's local API and import what the tasks need). No GPU is needed. Per flow run, in seconds:
+Prefect's local API and import what the tasks need), with Prefect's flow-run
+heartbeat off: Prefect 3.9.1's flow engine joins its heartbeat thread at a
+flow run's end, and that thread sleeps in steps of 1 s, so with it every flow
+call would last a whole number of seconds past its start (plus its first
+API calls) and a ratio of two would jump by whole seconds. No GPU is needed. Per flow run, in seconds:
 ``wall_s`` (the flow call), ``tasks_s`` (flow body start to the last task's
 result), ``end_s`` (from there to the call's return: the flow run's end, our
 session's end included); then the harness waits until the API holds every
@@ -40,6 +44,7 @@ import polars as pl
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from benchmarks.profiling import StackSampler
@@ -135,7 +140,7 @@ def one_run(
     seen.clear()
     cpu, api = cpu_seconds()
     started = time.perf_counter()
-    with sampler or contextlib.nullcontext():
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}), sampler or contextlib.nullcontext():
         flows[name]()
     ended = time.perf_counter()
     settle_s = settle(seen["flow_run_id"], tasks)
