@@ -32,11 +32,11 @@ Developer notes
 
 from __future__ import annotations
 
-import contextvars
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import ExitStack
@@ -49,7 +49,7 @@ from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.errors import SessionError
 
 if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.backends.base import PersistedResult, Reading, RunningEngine
+    from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 T = TypeVar("T")
@@ -77,6 +77,10 @@ class EngineHost:
     ----------
     running : RunningEngine or None
         The started engine, until :meth:`shutdown` has closed the stack.
+    description : dict
+        Backend, GPUs, ranks and versions (``RunningEngine.describe``), read once started.
+    at_start : Reading or None
+        The engine's memory right after it started.
     start_seconds, shutdown_seconds : float
         Seconds the backend took to start and to shut down (0 until known).
     thread : threading.Thread
@@ -85,10 +89,13 @@ class EngineHost:
 
     def __init__(self, name: str, ended: Callable[[], str]) -> None:
         self.running: RunningEngine | None = None
+        self.description: dict[str, Any] = {}
+        self.at_start: Reading | None = None
         self.start_seconds = self.shutdown_seconds = 0.0
         self._stack = ExitStack()
         self._ended = ended
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._waiting: set[Future[Any]] = set()  # queued calls that have not started
         self._lock = threading.Lock()
         self._accepting = True
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -102,14 +109,15 @@ class EngineHost:
         Raises
         ------
         NoGPUError, DaskClusterError, RayClusterError, Exception
-            What the backend raised; what it had started is shut down and the thread ends.
+            What the backend raised (or its first reading); what it had started is shut
+            down, waited for at most the block's ``teardown_timeout``, and the thread ends.
         """
         host = cls(name, ended)
         try:
             host.run(host._start, backend, block)
         except BaseException as exc:
             try:
-                host.shutdown(deadline=None)  # what the backend had started
+                host.shutdown(deadline=block.teardown_timeout)  # what the backend had started
             except Exception as also:
                 exc.add_note(f"Shutting down what had started also failed: {type(also).__name__}: {also}")
             raise
@@ -119,11 +127,15 @@ class EngineHost:
         started = time.perf_counter()
         self.running = start_backend(backend, block, self._stack)
         self.start_seconds = time.perf_counter() - started
+        self.description = self.running.describe()
+        self.at_start = self.running.read()
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not _STOP:
             future, fn, args = item
-            if future.set_running_or_notify_cancel():  # else its caller gave up before it started
+            with self._lock:
+                self._waiting.discard(future)
+            if future.set_running_or_notify_cancel():  # else cancelled before it started
                 try:
                     future.set_result(fn(*args))  # runs on_late here, before the next call
                 except BaseException as exc:
@@ -136,6 +148,7 @@ class EngineHost:
             if not self._accepting:
                 raise SessionError(self._ended())
             self._queue.put((future, fn, args))
+            self._waiting.add(future)
             if last:
                 self._accepting = False
                 self._queue.put(_STOP)
@@ -176,88 +189,114 @@ class EngineHost:
                     raise SessionError(self._ended()) from None
         except BaseException:
             if not future.cancel() and on_late is not None:
-                future.add_done_callback(lambda done: _hand_late(done, on_late))
+                future.add_done_callback(lambda done: self._late(done, on_late))
             raise
+
+    def _late(self, future: Future[Any], on_late: Callable[[Any], None]) -> None:
+        """Give a call's value to ``on_late`` on the owner thread, once the call ends, when its caller stopped waiting."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        if threading.current_thread() is self.thread:
+            on_late(future.result())
+        else:  # the call ended as its caller stopped waiting: the callback runs here, not there
+            self.post(on_late, future.result())
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """
+        Run ``fn(*args)`` on the owner thread without waiting for it (in place when called there).
+
+        Returns
+        -------
+        bool
+            False when the host no longer takes calls (nothing was queued).
+        """
+        if threading.current_thread() is self.thread:
+            fn(*args)
+            return True
+        try:
+            self._submit(fn, *args)
+        except SessionError:
+            return False
+        return True
 
     def _engine(self) -> RunningEngine:
         if self.running is None:
             raise SessionError(self._ended())
         return self.running
 
-    def execute(
-        self, lf: pl.LazyFrame, flags: pl.QueryOptFlags, *, after: Callable[[], None], on_late: Callable[[Any], None]
-    ) -> tuple[PersistedResult, Reading, float]:
+    def call_engine(
+        self,
+        kind: str,
+        lf: pl.LazyFrame,
+        flags: pl.QueryOptFlags,
+        *,
+        after: Callable[[], None],
+        env: Mapping[str, str | None] | None = None,
+        on_late: Callable[[Any], None] | None = None,
+    ) -> tuple[Any, Reading, float]:
         """
-        ``engine.execute(lf)`` on the owner thread, then ``after()`` (success or not) and a reading, in one hand-off.
+        One engine call on the owner thread, in one hand-off: ``kind`` (``"execute"`` or ``"collect"``), then ``after()``.
 
-        Returns
-        -------
-        (persisted, reading, seconds)
-            The persisted result, the engine's memory with the result's rows and
-            bytes, and the engine call's seconds.
-        """
-
-        def call() -> tuple[PersistedResult, Reading, float]:
-            started = time.perf_counter()
-            try:
-                persisted = self._engine().execute(lf, flags)
-            finally:
-                after()
-            seconds = time.perf_counter() - started
-            return persisted, self._engine().read(persisted), seconds
-
-        return self.run(call, on_late=on_late)
-
-    def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags, *, after: Callable[[], None]) -> tuple[pl.DataFrame, Reading]:
-        """``lf.collect(engine=...)`` on the owner thread, then ``after()`` and a reading, in one hand-off."""
-
-        def call() -> tuple[pl.DataFrame, Reading]:
-            try:
-                df = self._engine().collect(lf, flags)
-            finally:
-                after()
-            return df, self._engine().read()
-
-        return self.run(call)
-
-    def read(self) -> Reading:
-        """The engine's memory now, read on the owner thread."""
-        return self.run(lambda: self._engine().read())
-
-    def run_with_environment(self, env: Mapping[str, str | None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """
-        Run ``fn(*args, **kwargs)`` on the owner thread with ``env`` set in this process and on every rank.
-
-        The call runs in a copy of the caller's context (results name the calling
-        task run) as one item of the owner thread's queue, so no other engine call
-        runs while the variables are set; the previous values are back afterwards.
+        ``after()`` runs whether the call succeeded or not (a session frees
+        what the call's claimed inputs still hold there); then the engine's
+        memory is read, with the rows and bytes of a persisted result.
 
         Parameters
         ----------
-        env : mapping of str to (str or None)
-            Environment variables; ``None`` unsets one for the call.
-        fn : callable
-            Usually a session's ``execute`` or ``collect`` (which run in place on the owner thread).
+        kind : {"execute", "collect"}
+        lf : polars.LazyFrame
+        flags : polars.QueryOptFlags
+            The optimizations to run it with.
+        after : callable
+        env : mapping of str to (str or None), optional
+            Environment variables set in this process and on every rank for the
+            engine call alone (``None`` unsets one); the previous values are back
+            afterwards. Used for object-store credentials.
+        on_late : callable, optional
+            As for :meth:`run`.
+
+        Returns
+        -------
+        (value, reading, seconds)
+            The persisted result (``execute``) or host DataFrame (``collect``),
+            the reading, and the engine call's seconds.
 
         Raises
         ------
         SessionError
             If the host has shut down.
         Exception
-            Whatever ``fn`` raises (the variables are restored first).
+            What the engine raised.
         """
-        context = contextvars.copy_context()
 
-        def call() -> T:
-            running = self._engine()
-            with environment(env):
-                running.set_rank_environment(env)
-                try:
-                    return context.run(fn, *args, **kwargs)
-                finally:
-                    running.set_rank_environment({name: None for name in env})
+        def call() -> tuple[Any, Reading, float]:
+            running, started = self._engine(), time.perf_counter()
+            try:
+                with self._environment(running, env):
+                    value = getattr(running, kind)(lf, flags)
+            finally:
+                after()
+            seconds = time.perf_counter() - started
+            return value, running.read(value if kind == "execute" else None), seconds
 
-        return self.run(call)
+        return self.run(call, on_late=on_late)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _environment(running: RunningEngine, env: Mapping[str, str | None] | None) -> Iterator[None]:
+        if not env:
+            yield
+            return
+        with environment(env):
+            running.set_rank_environment(env)
+            try:
+                yield
+            finally:
+                running.set_rank_environment({name: None for name in env})
+
+    def read(self) -> Reading:
+        """The engine's memory now, read on the owner thread."""
+        return self.run(lambda: self._engine().read())
 
     def run_bounded(self, fn: Callable[[], None], *, timeout: float) -> bool:
         """
@@ -295,7 +334,8 @@ class EngineHost:
         bool
             True when the stack was closed in time; False when the wait ended
             first: the shutdown stays queued and runs if the engine answers.
-            Also True when the host had already shut down.
+            Also True when the host had already shut down. Calls still queued
+            then are cancelled: their callers get ``SessionError``.
 
         Raises
         ------
@@ -306,7 +346,13 @@ class EngineHost:
             future = self._submit(self._close, before, last=True)
         except SessionError:
             return True
-        return _ended_within(future, deadline)
+        if _ended_within(future, deadline):
+            return True
+        with self._lock:  # the calls queued behind the stuck one end now, with the session's error
+            cancelled = [f for f in self._waiting if f is not future]
+        for waiting in cancelled:
+            waiting.cancel()
+        return False
 
     def _close(self, before: Callable[[], None] | None) -> None:
         started = time.perf_counter()
@@ -319,12 +365,6 @@ class EngineHost:
             finally:
                 self.running = None  # freed here, on the thread that created it
                 self.shutdown_seconds = time.perf_counter() - started
-
-
-def _hand_late(future: Future[Any], on_late: Callable[[Any], None]) -> None:
-    """Give a call's value to ``on_late`` once it ends, when its caller had stopped waiting."""
-    if future.exception() is None:
-        on_late(future.result())
 
 
 def _ended_within(future: Future[Any], timeout: float | None) -> bool:

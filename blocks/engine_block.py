@@ -468,7 +468,8 @@ class CudfPolarsEngine(Block):
         SessionError
             On entry, when a session is already active in this flow run.
         """
-        assert self.session_type is not None  # set when prefect_cudf_polars.blocks is imported
+        if self.session_type is None:
+            raise RuntimeError("Import prefect_cudf_polars.blocks (or prefect_cudf_polars) to open engine sessions.")
         return self.session_type(self)
 
 

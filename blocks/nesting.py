@@ -24,21 +24,20 @@ from prefect_cudf_polars.blocks.errors import SessionError
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
+_SUBFLOWS = (
+    " A subflow with its own CudfPolarsTaskRunner gets a session of its own: with the same engine block it "
+    "shares this engine; another block works there only where at most one of the two needs a GPU (a `cpu` "
+    "block beside a GPU one)."
+)
 RUNNER_HERE = (
     "This flow run already has an engine session: its CudfPolarsTaskRunner provides one, and sessions "
     "do not nest within one flow run. Use that one (prefect_cudf_polars.blocks.get_engine_session()), "
-    "or do not combine CudfPolarsTaskRunner with `with block.session():` in one flow. A subflow with its "
-    "own CudfPolarsTaskRunner gets a session of its own: with the same engine block it shares this "
-    "engine; another block works there only where at most one of the two needs a GPU (a `cpu` block "
-    "beside a GPU one)."
+    "or do not combine CudfPolarsTaskRunner with `with block.session():` in one flow." + _SUBFLOWS
 )
-
 SESSION_HERE = (
     "An engine session ({backend}, id {id}) is already open here (`with block.session():`), and sessions "
     "do not nest within one flow run. Use the open one (prefect_cudf_polars.blocks.get_engine_session()), "
-    "or close it before opening another. A subflow with its own CudfPolarsTaskRunner gets a session of "
-    "its own: with the same engine block it shares this engine; another block works there only where at "
-    "most one of the two needs a GPU (a `cpu` block beside a GPU one)."
+    "or close it before opening another." + _SUBFLOWS
 )
 
 

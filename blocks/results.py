@@ -51,7 +51,7 @@ from prefect_cudf_polars.blocks.persistence import cache_key_form, refuse_host_p
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import PersistedResult
 
-State = Literal["live", "consumed", "released"]
+ResultState = Literal["live", "consumed", "released"]
 
 
 class RunIdentity(NamedTuple):
@@ -89,7 +89,7 @@ def current_run() -> RunIdentity:
     return RunIdentity("code outside any Prefect run", None, None)
 
 
-class Lineage(Protocol):
+class Replayable(Protocol):
     """What a result asks of its lineage (:class:`prefect_cudf_polars.blocks.lineage.Lineage` provides it)."""
 
     deferred: bool
@@ -222,7 +222,7 @@ class GPUResult:
         owner: ResultOwner,
         name: str,
         run: RunIdentity,
-        lineage: Lineage | None = None,
+        lineage: Replayable | None = None,
         engine_seconds: float = 0.0,
         rows: int | None = None,
         bytes: int | None = None,
@@ -243,11 +243,11 @@ class GPUResult:
         self.consumed_by_id: str | None = None
         self.lineage = lineage
         self._owner = owner
-        self._state: State = "live"
+        self._state: ResultState = "live"
         self._lock = threading.Lock()
 
     @property
-    def state(self) -> State:
+    def state(self) -> ResultState:
         """``"live"``, ``"consumed"`` or ``"released"``."""
         return self._state
 
@@ -449,7 +449,7 @@ class GPUResult:
         for result in held:
             result.release()
 
-    def end(self, tombstone: EndedSession, *, drop: bool) -> bool:
+    def end(self, tombstone: EndedSession, *, drop: bool) -> None:
         """
         The session's end: point at ``tombstone``, and with ``drop`` let go of everything.
 
@@ -462,22 +462,16 @@ class GPUResult:
             closed the stores), the plan, the held inputs and the lineage.
             False when the engine stopped answering: the session's queued
             teardown frees them on the engine's thread if it answers.
-
-        Returns
-        -------
-        bool
-            Whether it was live (now released, unread).
         """
         with self._lock:
-            was_live, self._owner = self._state == "live", tombstone
-            if was_live:
+            self._owner = tombstone
+            if self._state == "live":
                 self._state = "released"
             persisted = self._persisted
             if drop:
                 self._persisted, self._plan, self._held, self.lineage = None, None, (), None
         if drop and persisted is not None:
             persisted.forget()
-        return was_live
 
     def __enter__(self) -> GPUResult:
         """Return the result; :meth:`release` runs on exit."""
@@ -558,10 +552,15 @@ def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
     return tuple(step for result in claimed if result.deferred for step in result.fused)
 
 
+def claimed_by(results: Sequence[GPUResult], run: RunIdentity) -> list[GPUResult]:
+    """The ``results`` that ``run`` claimed (its reads, never another run's)."""
+    return [r for r in results if r.state == "consumed" and r.consumed_by_id == run.run_id]
+
+
 def free_claimed(claimed: Sequence[GPUResult]) -> None:
-    """Free what claimed inputs still hold (a read's leftovers; a deferred input's held inputs)."""
+    """Free what ``claimed`` still hold: a read's leftovers, a deferred input's held inputs (a live one is released)."""
     for result in claimed:
-        if result.state == "consumed" and result.holding:
+        if result.holding:
             result.release()
 
 

@@ -49,7 +49,9 @@ from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, NO_SESSION_MESSAGE, NoEngineSessionError, SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
-from prefect_cudf_polars.blocks.results import EndedSession, GPUResult, current_run, free_claimed, fused_steps, release_partitions
+from prefect_cudf_polars.blocks.results import (
+    EndedSession, GPUResult, claimed_by, current_run, free_claimed, fused_steps, release_partitions,
+)
 from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, user_stacklevel
 
 T = TypeVar("T")
@@ -166,7 +168,8 @@ class EngineSession:
             self.timings["engine_start_s"] = 0.0
         else:
             self._start()
-        self._memory["at_start"] = self._telemetry.note(self._host.read()).memory  # type: ignore[union-attr]
+        at_start = self._host.at_start if self._owns_host else self._host.read()  # type: ignore[union-attr]
+        self._memory["at_start"] = self._telemetry.note(at_start).memory
         self._telemetry.backend = self.backend
         self.state = State.OPEN
         exits.opened(self)
@@ -184,7 +187,7 @@ class EngineSession:
         )
         self._owns_host = True
         self.timings["engine_start_s"] = self._host.start_seconds
-        self.description = self._host.run(self._host.running.describe)  # type: ignore[union-attr]
+        self.description = self._host.description
 
     def _enclosing(self) -> EngineSession | None:
         """The open session of an enclosing flow run; refuses a second session in this flow run."""
@@ -326,12 +329,9 @@ class EngineSession:
         """Bytes the engine holds now (rmm statistics on GPU backends, summed over ranks); ``SessionError`` once ended."""
         return self._telemetry.note(self._check_open().read()).memory
 
-    def run_with_environment(self, env: Mapping[str, str | None], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` with ``env`` set here and on every rank (:meth:`EngineHost.run_with_environment <prefect_cudf_polars.blocks.engine.EngineHost.run_with_environment>`)."""
-        return self._check_open().run_with_environment(env, fn, *args, **kwargs)
-
     def execute(
-        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None, inputs: Sequence[GPUResult] = ()
+        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
+        inputs: Sequence[GPUResult] = (), environment: Mapping[str, str | None] | None = None,
     ) -> GPUResult:
         """
         Run ``lf`` on the engine and return a live :class:`GPUResult`; the data stays on the engine.
@@ -341,6 +341,8 @@ class EngineSession:
         failure, and claimed deferred ones are listed as fused into the result. A
         caller that stops waiting (a task timeout) leaves the call running; what
         it produces is then released at once. ``lineage`` defaults to ``lf``.
+        ``environment`` is set in this process and on every rank for the engine
+        call alone (object-store credentials; ``None`` unsets a variable).
 
         Raises
         ------
@@ -353,22 +355,16 @@ class EngineSession:
         SessionError
             The session has ended.
         """
-        host = self._check_open()
         name, run = name or "query", current_run()
-        claimed = [r for r in inputs if r.state == "consumed"]
-        fused = fused_steps(claimed)
-        flags, plan = prepare(lf)
-        self._engine_calls += 1
-        try:
-            persisted, reading, seconds = host.execute(lf, flags, after=lambda: free_claimed(claimed), on_late=self._late(name, run))
-        except Exception as exc:
-            raise_engine_error(exc, note=fused_note(exc, fused))
+        (persisted, reading, seconds), flags, plan, fused = self._call_engine(
+            "execute", lf, inputs, run, environment, self._late(name, run)
+        )
         result = GPUResult(
             persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf),
             engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused,
         )
         engine_plan = lf.explain(optimizations=flags) if self.block.result_artifacts else None
-        return self._register(result, plan, self._telemetry.note(reading).memory, engine_plan)
+        return self._register(result, plan, reading.memory, engine_plan)
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
         def release_late(value: tuple[Any, Any, float]) -> None:  # on the owner thread
@@ -380,9 +376,14 @@ class EngineSession:
 
         return release_late
 
-    def collect(self, query: pl.LazyFrame | GPUResult, *, inputs: Sequence[GPUResult] = ()) -> pl.DataFrame:
+    def collect(
+        self, query: pl.LazyFrame | GPUResult, *, inputs: Sequence[GPUResult] = (),
+        environment: Mapping[str, str | None] | None = None,
+    ) -> pl.DataFrame:
         """
         Run a query (a LazyFrame, or a GPUResult it claims) on the engine and return a host ``polars.DataFrame``.
+
+        ``inputs`` and ``environment`` as for :meth:`execute`.
 
         Raises
         ------
@@ -391,18 +392,26 @@ class EngineSession:
         NotImplementedError, DeviceMemoryError, SessionError
             As for :meth:`execute`.
         """
-        host = self._check_open()
         if isinstance(query, GPUResult):
             inputs, query = [*inputs, query], query.lazy()
-        claimed = [r for r in inputs if r.state == "consumed"]
-        flags, _ = prepare(query)
+        return self._call_engine("collect", query, inputs, current_run(), environment, None)[0][0]
+
+    def _call_engine(
+        self, kind: str, lf: pl.LazyFrame, inputs: Sequence[GPUResult], run: Any,
+        environment: Mapping[str, str | None] | None, on_late: Callable[[Any], None] | None,
+    ) -> tuple[tuple[Any, Any, float], pl.QueryOptFlags, str, tuple[FusedStep, ...]]:
+        """Check the plan, run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
+        host = self._check_open()
+        claimed = claimed_by(inputs, run)
+        fused = fused_steps(claimed)
+        flags, plan = prepare(lf)
         self._engine_calls += 1
         try:
-            df, reading = host.collect(query, flags, after=lambda: free_claimed(claimed))
+            out = host.call_engine(kind, lf, flags, after=lambda: free_claimed(claimed), env=environment, on_late=on_late)
         except Exception as exc:
-            raise_engine_error(exc, note=fused_note(exc, fused_steps(claimed)))
-        self._telemetry.note(reading)
-        return df
+            raise_engine_error(exc, note=fused_note(exc, fused))
+        self._telemetry.note(out[1])
+        return out, flags, plan, fused
 
     def defer(
         self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
@@ -426,19 +435,21 @@ class EngineSession:
         SessionError
             The session has ended.
         """
-        host = self._check_open()
+        running = self._check_open().running
         name, run = name or "query", current_run()
         try:
             schema = lf.collect_schema()
             flags, plan = prepare(lf)
-            host.running.check_plan(lf, flags)  # type: ignore[union-attr]
+            if running is None:
+                raise SessionError(self.ended_message())
+            running.check_plan(lf, flags)  # pure Python (the GPU-support check): on this thread
         except Exception as exc:
             exc.add_note(
                 f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
                 "and checks its plan before the task that reads it runs it."
             )
             raise
-        held = tuple(r for r in inputs if r.state == "consumed")
+        held = tuple(claimed_by(inputs, run))
         own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
         result = GPUResult(
             HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
@@ -483,20 +494,18 @@ class EngineSession:
             self._telemetry.result_consumed(result)
 
     def released(self, result: GPUResult) -> None:
-        """Count ``result`` released unread and send ``result.released``."""
+        """Count ``result`` released unread (once) and send ``result.released``."""
         with self._lock:
-            self._live.pop(result.id, None)
-            self._counts["released_unconsumed"] += 1
-        self._telemetry.result_released(result, at_session_end=False)
+            live = self._live.pop(result.id, None) is not None
+            if live:
+                self._counts["released_unconsumed"] += 1
+        if live:
+            self._telemetry.result_released(result, at_session_end=False)
 
     def free(self, persisted: Any) -> None:
-        """Release ``persisted`` on the owner thread while the engine runs; after its shutdown, let it go."""
-        try:
-            if self._host is None:
-                raise SessionError(self.ended_message())
-            self._host.run(persisted.release)
-        except SessionError:  # the host has shut down: its stores are closed
-            persisted.forget()
+        """Release ``persisted`` on the owner thread, without waiting for it; once the engine has shut down, let it go."""
+        if self._host is None or not self._host.post(persisted.release):
+            persisted.forget()  # the shutdown closed its store
 
     # ---- the end -----------------------------------------------------------------
     def close(self, *, terminating: bool = False) -> dict[str, Any]:
@@ -504,29 +513,30 @@ class EngineSession:
         End the session (idempotent) and return its :meth:`summary`.
 
         A ``with block.session():`` first waits for the GPU task runs submitted
-        inside it, at most the block's ``teardown_timeout`` (seconds). Then every
-        live result is marked released and the engine shut down as the owner
-        thread's last call, waited for at most ``teardown_timeout`` (3 s when
-        ``terminating``: SIGTERM, a cancellation); a session on a shared engine
-        releases only its own results there.
+        inside it; then every live result is marked released and the engine
+        shut down as the owner thread's last call; a session on a shared engine
+        releases only its own results there. Each wait is at most the block's
+        ``teardown_timeout`` (seconds), 3 s when ``terminating`` (SIGTERM, a
+        cancellation); past it, the calls still queued for the engine fail with
+        ``SessionError``.
         """
         with self._lock:
             if self._closing or self.state is State.NEW:
                 return self.summary()
             self._closing = True
-        still = self._served.wait(self.block.teardown_timeout)
         limit = min(self.block.teardown_timeout, TERMINATING_TEARDOWN_S) if terminating else self.block.teardown_timeout
-        with self._lock:
-            self._ending = True
-            live, self._live = list(self._live.values()), {}
-            self._counts["released_unconsumed"] += len(live)
-            holding = [r for r in self._all if r.holding]
-        for result in live:
-            self._telemetry.result_released(result, at_session_end=True)
-        host, done = self._host, True
+        host, done, still = self._host, True, 0
         try:
+            still = self._served.wait(limit)
+            with self._lock:
+                self._ending = True
+                live, self._live = list(self._live.values()), {}
+                self._counts["released_unconsumed"] += len(live)
+                holding = [r for r in self._all if r.holding]
+            for result in live:
+                self._telemetry.result_released(result, at_session_end=True)
             if host is not None and self._owns_host:
-                done = host.shutdown(limit, before=lambda: self._last_call(holding))
+                done = host.shutdown(limit, before=self._last_call)
                 self.timings["engine_shutdown_s"] = host.shutdown_seconds
                 self._shutdown_thread = host.thread.name
             elif host is not None:
@@ -553,14 +563,11 @@ class EngineSession:
         self._telemetry.muted = True
         self.close()
 
-    def _last_call(self, holding: list[GPUResult]) -> None:
-        """On the owner thread, before the engine shuts down: what it holds at the end (and, on Ray, the releases)."""
+    def _last_call(self) -> None:
+        """On the owner thread, before the engine shuts down: what it holds at the end."""
         running = self._host.running if self._host is not None else None
-        if running is None:
-            return
-        self._memory["at_end"] = self._telemetry.note(running.read()).memory
-        if running.release_before_shutdown:
-            release_partitions(holding)
+        if running is not None:
+            self._memory["at_end"] = self._telemetry.note(running.read()).memory
 
 
 def get_engine_session() -> EngineSession:

@@ -12,7 +12,8 @@ lock, once): an engine that cannot start raises inside the run, so Prefect
 fails that task run and the flow run with our message, and every later GPU
 call of the run gets the same error. ``__exit__`` runs on success, on
 exceptions and on ``TerminationSignal`` (SIGTERM); after Prefect's thread pool
-has waited for the task runs, it closes the session, so each attempt of a
+has waited for the task runs (on SIGTERM, before: the session's end is bounded
+and the task runs still waiting for the engine then fail), it closes the session, so each attempt of a
 retried flow run gets a fresh session. ``on_cancellation`` hooks run in
 another process under a worker, so this runner does not rely on them.
 """
@@ -151,12 +152,17 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         from prefect.exceptions import TerminationSignal
 
+        terminating = isinstance(exc_value, TerminationSignal)
         try:
+            if terminating and self.session is not None:
+                # Stopped: end the session (bounded) before Prefect's pool waits for its task
+                # threads, so that those waiting on the engine fail at once with SessionError.
+                self.session.close(terminating=True)
             super().__exit__(exc_type, exc_value, traceback)
         finally:
             try:
                 if self.session is not None:
-                    self.session.close(terminating=isinstance(exc_value, TerminationSignal))
+                    self.session.close(terminating=terminating)
                 elif self._open_error is None:
                     self._say_not_started()
             finally:

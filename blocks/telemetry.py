@@ -324,8 +324,10 @@ class SessionTelemetry:
         )
         if still_served:
             self.log(logging.WARNING, SERVED_WARNING, self.session_id, still_served, limit)
-        if summary["teardown"] != "complete":
+        if summary["teardown"].startswith("stopped waiting"):
             self.log(logging.WARNING, TEARDOWN_WARNING, summary["teardown"])
+        elif summary["teardown"] != "complete":
+            self.log(logging.WARNING, "cudf-polars engine session teardown %s; its results are released.", summary["teardown"])
         flow_run_id = getattr(self.flow_run, "id", None)
         if flow_run_id is not None and not self.muted:
             self._write_summary(summary, flow_run_id)

@@ -35,6 +35,7 @@ reads a result another task may still read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
@@ -42,7 +43,7 @@ import polars as pl
 from prefect_cudf_polars.blocks import EngineSession, GPUResult, get_engine_session
 from prefect_cudf_polars.blocks.errors import CannotRecomputeError
 from prefect_cudf_polars.blocks.lineage import Lineage
-from prefect_cudf_polars.blocks.results import current_run, replace_results
+from prefect_cudf_polars.blocks.results import claimed_by, current_run, free_claimed, replace_results
 
 
 class EngineCall:
@@ -82,13 +83,14 @@ class EngineCall:
         self._inputs: list[GPUResult] = []  # live when met: the only ones this call may claim, and free
         self._fresh: list[GPUResult] = []
         self._session = session
-        run_id = current_run().run_id
+        self._run = current_run()
+        retried = None if self._run.task_run_id is None else self._run.run_id  # only task runs retry
 
         def visit(result: GPUResult) -> GPUResult:
             if result.state == "released":
                 result.check_readable()  # raises, naming why it was released
             session = self.session
-            if replay_all or (run_id is not None and result.state == "consumed" and result.consumed_by_id == run_id):
+            if replay_all or (retried is not None and result.state == "consumed" and result.consumed_by_id == retried):
                 fresh = replay(session, result, retry=not replay_all)
                 self._fresh.append(fresh)
                 return fresh
@@ -116,9 +118,16 @@ class EngineCall:
     def __exit__(self, *exc: object) -> None:
         self.finish()
 
-    def execute(self, lf: Any, *, name: str, lineage: Lineage | None = None, defer: bool = False, step: Any = None) -> GPUResult:
+    def execute(
+        self, lf: Any, *, name: str, lineage: Lineage | None = None, defer: bool = False, step: Any = None,
+        environment: Mapping[str, str | None] | None = None,
+    ) -> GPUResult:
         """
         Run ``lf`` (a ``polars.LazyFrame``) once on the session, or keep it deferred; the result stays on the engine.
+
+        ``lineage``, ``step`` and ``environment`` (set around the engine call
+        alone) as for :meth:`EngineSession.execute <prefect_cudf_polars.blocks.EngineSession.execute>`
+        and ``defer``.
 
         Raises
         ------
@@ -129,55 +138,47 @@ class EngineCall:
         polars.exceptions.PolarsError
             With ``defer``, the schema cannot be resolved.
         """
-        lf = _query(lf, name)
+        lf = query_of(lf, task=f"gpu_task {name!r}", results=False)
         inputs = [*self._inputs, *self._fresh]
         if defer:
             self.result = self.session.defer(lf, name=name, lineage=lineage, inputs=inputs, step=step)
         else:
-            self.result = self.session.execute(lf, name=name, lineage=lineage, inputs=inputs)
+            self.result = self.session.execute(lf, name=name, lineage=lineage, inputs=inputs, environment=environment)
         return self.result
 
-    def collect(self, lf: Any, *, name: str = "collect") -> pl.DataFrame:
+    def collect(self, lf: Any, *, name: str = "collect", environment: Mapping[str, str | None] | None = None) -> pl.DataFrame:
         """Run ``lf`` once on the session and return a host ``polars.DataFrame`` (errors as :meth:`execute`)."""
-        return self.session.collect(_query(lf, name), inputs=[*self._inputs, *self._fresh])
+        lf = query_of(lf, task=f"gpu_task {name!r}", results=False)
+        return self.session.collect(lf, inputs=[*self._inputs, *self._fresh], environment=environment)
 
     def finish(self) -> None:
-        """Free what claimed inputs still hold, and recomputed inputs never read (idempotent)."""
+        """Free what this call's claims left, and recomputed inputs never read (idempotent); a deferred result's held inputs stay."""
         held = self.result.held_inputs if self.result is not None else ()
-        for result in self._inputs:
-            if result.state == "consumed" and result.holding and result not in held:
-                result.release()
-        for result in self._fresh:
-            if result not in held and (result.state == "live" or result.holding):
-                result.release()
+        unread = [r for r in self._fresh if r.state == "live"]
+        free_claimed([r for r in [*claimed_by(self._inputs + self._fresh, self._run), *unread] if r not in held])
         self._inputs, self._fresh = [], []
 
 
-def _query(lf: Any, name: str) -> pl.LazyFrame:
-    if not isinstance(lf, pl.LazyFrame):
-        hint = " (call .lazy() on it)" if isinstance(lf, pl.DataFrame) else ""
-        raise TypeError(
-            f"gpu_task {name!r} must return a polars LazyFrame (the query to run on the GPU), but returned "
-            f"{type(lf).__name__}{hint}. Build the query with .lazy() on the inputs and return it uncollected."
-        )
-    return lf
-
-
-def query_of(value: Any, *, task: str) -> pl.LazyFrame:
+def query_of(value: Any, *, task: str, results: bool = True) -> pl.LazyFrame:
     """
-    The LazyFrame a task's ``query`` argument stands for: a LazyFrame, or a GPUResult's frame (claiming it).
+    The LazyFrame a task's query stands for: a LazyFrame, or (with ``results``) a GPUResult's frame, claiming it.
 
     Raises
     ------
     TypeError
-        ``value`` is neither (for example an eager ``polars.DataFrame``).
+        ``value`` is neither (for example an eager ``polars.DataFrame``); the
+        message names ``task`` and what it takes.
     """
-    if isinstance(value, GPUResult):
+    if results and isinstance(value, GPUResult):
         return value.lazy()
     if isinstance(value, pl.LazyFrame):
         return value
-    hint = " (call .lazy() on it)" if isinstance(value, pl.DataFrame) else ""
-    raise TypeError(f"{task} takes a polars LazyFrame or a GPUResult, not {type(value).__name__}{hint}.")
+    got = f"{type(value).__name__}{' (call .lazy() on it)' if isinstance(value, pl.DataFrame) else ''}"
+    raise TypeError(
+        f"{task} takes a polars LazyFrame or a GPUResult, not {got}." if results else
+        f"{task} must return a polars LazyFrame (the query to run on the GPU), but returned {got}. Build "
+        "the query with .lazy() on the inputs and return it uncollected."
+    )
 
 
 def replay(session: EngineSession, result: GPUResult, *, retry: bool = False) -> GPUResult:

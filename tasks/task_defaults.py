@@ -91,32 +91,22 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
     reasons = sorted(set(persistence_requests(ctx.task)) | set(extra))
     if not reasons:
         return
-    # Once per task run: the serializer's refusal, if Prefect calls it, warns no more.
-    warned = warn_once_in_task_run(
-        "Task %r asks for result persistence (%s), but it returns a GPU result, which "
-        "lives in GPU memory of this process and is never written to result storage: "
-        "nothing was persisted and the result stays usable in this flow run. To keep "
-        "data, collect it to the host (the `collect` task or gpu_task(collect=True)) and "
-        "persist that, or write it to parquet; and drop the persistence options from "
-        "this task.",
-        ctx.task.name,
-        ", ".join(reasons),
+    said = (
+        f"Task {ctx.task.name!r} asks for result persistence ({', '.join(reasons)}), but it returns a GPU result, "
+        "which lives in GPU memory of this process and is never written to result storage: nothing was "
+        "persisted and the result stays usable in this flow run. To keep data, collect it to the host (the "
+        "`collect` task or gpu_task(collect=True)) and persist that, or write it to parquet; and drop the "
+        "persistence options from this task."
     )
-    if not warned:
-        return
-    from prefect.artifacts import create_markdown_artifact
+    # Once per task run (the serializer's refusal, if Prefect calls it, warns no more), and
+    # on the task run in the UI too, not only as a log line.
+    if warn_once_in_task_run("%s", said):
+        from prefect.artifacts import create_markdown_artifact
 
-    try:  # visible on the task run in the UI too, not only as a log line
-        create_markdown_artifact(
-            markdown=(
-                f"### Result persistence refused: task `{ctx.task.name}`\n\nThe task asks for result persistence "
-                f"({', '.join(reasons)}), but it returns a GPU result, which lives in GPU memory of its process "
-                "and is never written to result storage. **Nothing was persisted**; the result stays usable in "
-                "this flow run.\n\nWhat to do: collect the data to the host (the `collect` task or "
-                "`gpu_task(collect=True)`) and persist that, or write it to parquet; and drop the persistence "
-                "options from this task.\n"
-            ),
-            description=f"Result persistence refused for task {ctx.task.name!r}: nothing was persisted",
-        )
-    except Exception as exc:  # the UI's view of a run must not fail the run
-        get_run_logger().warning("Could not write the persistence-refusal artifact: %s", exc)
+        try:
+            create_markdown_artifact(
+                markdown=f"### Result persistence refused: task `{ctx.task.name}`\n\n{said}\n",
+                description=f"Result persistence refused for task {ctx.task.name!r}: nothing was persisted",
+            )
+        except Exception as exc:  # the UI's view of a run must not fail the run
+            get_run_logger().warning("Could not write the persistence-refusal artifact: %s", exc)

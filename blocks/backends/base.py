@@ -82,9 +82,6 @@ class RunningEngine(abc.ABC):
     backend: str
     #: The backend's engine object (a cudf-polars ``StreamingEngine``, or the ``cpu`` engine).
     engine: Any
-    #: Whether held results must be released before the engine shuts down: a Ray result
-    #: released afterwards calls an actor, which starts a new local Ray (Ray 2.60).
-    release_before_shutdown: bool = False
 
     @abc.abstractmethod
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> PersistedResult:

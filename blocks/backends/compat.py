@@ -189,8 +189,8 @@ def register_before_thread_shutdown(fn: Callable[[], None]) -> None:
     """
     ``threading._register_atexit(fn)``: run ``fn`` at exit before non-daemon threads are joined.
 
-    These callbacks run last-registered first, before :mod:`atexit`; Prefect
-    3.9's events and log workers register theirs when they start, so a
-    callback registered after them runs while they still send.
+    These callbacks run last-registered first, before :mod:`atexit` (where
+    distributed closes the clusters it started). Prefect 3.9's events and log
+    workers register theirs when they start, so they may already have stopped.
     """
     threading._register_atexit(fn)  # type: ignore[attr-defined]

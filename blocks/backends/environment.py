@@ -3,10 +3,10 @@ Environment variables set in this process, and on every rank, for the length of 
 
 Some engine inputs only travel through the process environment: cudf-polars
 reads ``s3://`` through KvikIO, which takes credentials, region and endpoint
-from ``AWS_*`` variables (see :mod:`prefect_cudf_polars.tasks.storage`). The
-session's :meth:`~prefect_cudf_polars.blocks.EngineSession.run_with_environment`
-sets them around exactly one engine call and puts the previous values back
-afterwards, whatever happens.
+from ``AWS_*`` variables (see :mod:`prefect_cudf_polars.tasks.storage`). An
+engine call given an ``environment`` (:meth:`~prefect_cudf_polars.blocks.EngineSession.execute`)
+has them set around exactly that call, on the engine's owner thread, and the
+previous values put back afterwards, whatever happens.
 
 * The environment belongs to the whole process: :func:`environment` holds a
   module lock for the set-call-restore sequence, and engine calls are

@@ -11,6 +11,7 @@ cudf-polars internals all three share are reached through
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -85,26 +86,48 @@ class StreamingRunningEngine(RunningEngine):
     """
     A started cudf-polars streaming engine; its shutdown is in the host's exit stack.
 
+    Build it before the engine (it goes on the host's exit stack first, so it
+    acts last), then :meth:`enter` the engine. Every persisted result the engine
+    produces is known here, also one only a LazyFrame or a lineage still holds:
+
+    * after the engine's shutdown (which closes every persisted partition's
+      store, cudf-polars 26.10.2), their finalizers are detached on the owner
+      thread, so no finalizer calls the shut-down engine and nothing of ours
+      keeps its backend (on ``spmd``, the rapidsmpf ``Context`` and its memory
+      resource) alive past it;
+    * on ``ray``, they are released before the shutdown: a release after it
+      calls an actor, which starts a new local Ray (Ray 2.60).
+
     Parameters
     ----------
     backend : str
         ``"spmd"``, ``"dask"`` or ``"ray"``.
-    engine
-        The cudf-polars engine, created on the host's owner thread.
+    stack : contextlib.ExitStack
+        The host's exit stack.
     extra : dict, optional
         Backend facts for logs and artifacts (the Dask dashboard, the cluster).
     """
 
-    def __init__(self, backend: str, engine: Any, extra: dict[str, Any] | None = None) -> None:
+    def __init__(self, backend: str, stack: ExitStack, extra: dict[str, Any] | None = None) -> None:
         self.backend = backend
-        self.engine = engine
+        self.engine: Any = None
         self.extra = extra or {}
-        self.release_before_shutdown = backend == "ray"
+        self._produced: weakref.WeakSet[Any] = weakref.WeakSet()
+        stack.callback(lambda: [compat.forget_persisted(qr) for qr in list(self._produced)])
+
+    def enter(self, engine: Any, stack: ExitStack) -> StreamingRunningEngine:
+        """Take ``engine`` (created on the owner thread) and put its shutdown on ``stack``; returns self."""
+        self.engine = stack.enter_context(engine)
+        if self.backend == "ray":
+            stack.callback(lambda: [qr.release() for qr in list(self._produced)])
+        return self
 
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> StreamingPersistedResult:
         if not flags.slice_pushdown:  # execute() takes no flags: carry them in the frame
             lf = compat.with_optimizations(lf, flags)
-        return StreamingPersistedResult(self.engine.execute(lf))
+        query_result = self.engine.execute(lf)
+        self._produced.add(query_result)
+        return StreamingPersistedResult(query_result)
 
     def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.DataFrame:
         return lf.collect(engine=self.engine, optimizations=flags)
@@ -141,4 +164,4 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
     from cudf_polars.engine.spmd import SPMDEngine
 
     silence_unstable_warning()
-    return StreamingRunningEngine("spmd", stack.enter_context(SPMDEngine(**block.engine_kwargs())))
+    return StreamingRunningEngine("spmd", stack).enter(SPMDEngine(**block.engine_kwargs()), stack)

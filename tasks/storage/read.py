@@ -10,7 +10,7 @@ How the credentials reach each reader (see
   on the GPU through libcudf and KvikIO, which take credentials from ``AWS_*``
   environment variables; they are set on the session's owner thread (and on
   every rank) for the one engine call
-  (:meth:`~prefect_cudf_polars.blocks.EngineSession.run_with_environment`).
+  (``environment`` of :meth:`~prefect_cudf_polars.blocks.EngineSession.execute`).
   The scan carries only the endpoint and region as ``storage_options`` (for
   polars' client-side schema lookup, whose object-store cache is keyed by
   them), never a key: cudf-polars ignores the scan's cloud options, and keeps
@@ -74,7 +74,7 @@ def scan_parquet(
     backend
         The session's backend: ``"cpu"`` gets the credentials as
         ``storage_options``; GPU backends get only endpoint and region (run the
-        frame with :meth:`~prefect_cudf_polars.blocks.EngineSession.run_with_environment`).
+        frame with the ``environment`` of :meth:`~prefect_cudf_polars.blocks.EngineSession.execute`).
     **scan_options
         More ``polars.scan_parquet`` options (``hive_partitioning``, ...).
 
@@ -123,7 +123,7 @@ def run_reading_s3(
     try:
         if session.backend == "cpu":
             return fn(*args, **kwargs)
-        return session.run_with_environment(access.environment(), fn, *args, **kwargs)
+        return fn(*args, environment=access.environment(), **kwargs)
     except Exception as exc:
         location = parse_s3_url(url)
         translated = explain_engine_error(

@@ -54,11 +54,11 @@ def check_results_on_every_rank(session, path: str, ranks: int) -> None:
     memory on each (rmm statistics per rank, bytes); reading it brings every
     rank back to its figure before, and the summary equals polars' CPU engine.
     """
-    start = session.run(session.running_engine.memory_per_rank)
+    start = session.run(lambda: list(session.running_engine.read().per_rank))
     r = session.execute(query(path), name="filtered")
     assert sorted(r.ranks) == list(range(ranks)) and r.partitions == ranks
-    held = session.run(session.running_engine.memory_per_rank)
+    held = session.run(lambda: list(session.running_engine.read().per_rank))
     assert all(h > s for h, s in zip(held, start)), (start, held)
     got = session.collect(summary(r.lazy()))
-    assert session.run(session.running_engine.memory_per_rank) == start
+    assert session.run(lambda: list(session.running_engine.read().per_rank)) == start
     assert_frame_equal(got, expected(path), check_dtypes=False, rel_tol=1e-9)

@@ -203,3 +203,39 @@ def test_one_gpu_task_decorator_names_every_function_it_decorates(orders):
     counted, counts = pipeline()
     assert counted.item() == 1000
     assert counts == {"produced": 2, "consumed": 2, "released_unconsumed": 0}
+
+
+def test_a_task_that_lost_the_race_for_a_result_leaves_the_winners_read_alone(orders):
+    """Two task runs get one result; the one whose claim comes second fails, and the first still reads it all."""
+    import threading
+
+    checked, claimed, refused = threading.Event(), threading.Event(), threading.Event()
+
+    @gpu_task(name="first")
+    def first(r: GPUResult) -> pl.LazyFrame:
+        assert checked.wait(60)  # both task runs found the result live
+        lf = r.lazy()
+        claimed.set()
+        assert refused.wait(60)  # the other task run has failed (and cleaned up) before this one runs
+        return lf.select(pl.len())
+
+    @gpu_task(name="second")
+    def second(r: GPUResult) -> pl.LazyFrame:
+        checked.set()
+        assert claimed.wait(60)
+        try:
+            return r.lazy().select(pl.len())
+        finally:
+            refused.set()
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    def pipeline():
+        r = execute(pl.scan_parquet(orders), name="orders")
+        a, b = first.submit(r), second.submit(r)
+        return collect(a.result()).item(), b.wait() or b.state
+
+    rows, lost = pipeline()
+    assert rows == 1000
+    assert lost.is_failed()
+    with pytest.raises(ResultConsumedError, match="already consumed by task run 'first"):
+        lost.result()

@@ -53,13 +53,14 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
     from cudf_polars.engine.hardware_binding import HardwareBindingPolicy
 
     silence_unstable_warning()
+    running = StreamingRunningEngine("dask", stack)
     connection = connect(block)
     stack.callback(connection.close)
     kwargs = block.engine_kwargs()
     if connection.owned:
         # LocalCUDACluster already pins each worker to its GPU and CPUs.
         kwargs["engine_options"]["hardware_binding"] = HardwareBindingPolicy(enabled=False)
-    engine = stack.enter_context(DaskEngine(dask_client=connection.client, **kwargs))
+    engine = running.enter(DaskEngine(dask_client=connection.client, **kwargs), stack).engine
     if not connection.owned:
         uid, teardown = compat.dask_worker_teardown(engine)
         name = f"prefect-cudf-polars-lease-{uid}"
@@ -74,11 +75,8 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
                 "or leave dask_scheduler_address empty to let the session start a LocalCUDACluster."
             ) from exc
         stack.callback(lease.release, connection.client, name)
-    return StreamingRunningEngine(
-        "dask",
-        engine,
-        {
-            "dashboard": connection.dashboard_link,
-            "cluster": "owned LocalCUDACluster" if connection.owned else f"external {connection.address}",
-        },
-    )
+    running.extra = {
+        "dashboard": connection.dashboard_link,
+        "cluster": "owned LocalCUDACluster" if connection.owned else f"external {connection.address}",
+    }
+    return running

@@ -159,5 +159,5 @@ def release(client: Any, name: str) -> None:
     """Unregister the lease (before a normal client close, so nothing is broadcast); never raises."""
     try:
         client.unregister_scheduler_plugin(name)
-    except Exception:
-        pass  # the scheduler is gone, or the lease was spent: nothing left to drop
+    except Exception as exc:  # the scheduler is gone, or the lease was spent: nothing left to drop
+        logging.getLogger("distributed.client").debug("Lease %s not unregistered: %s", name, exc)

@@ -51,6 +51,7 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
     from cudf_polars.engine.ray import RayEngine
 
     silence_unstable_warning()
+    running = StreamingRunningEngine("ray", stack)
     if block.ray_address:
         init, cluster = {"address": block.ray_address}, f"external Ray {block.ray_address}"
         reload_ray_auth_token()  # not a token an earlier Ray session in this process loaded
@@ -62,7 +63,7 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
         stack.callback(head.stop)
         init, cluster = {"address": head.address}, "owned local Ray"
     try:
-        engine = stack.enter_context(RayEngine(ray_init_options=init, **block.engine_kwargs()))
+        running.enter(RayEngine(ray_init_options=init, **block.engine_kwargs()), stack)
     except ConnectionError as exc:
         if not block.ray_address:
             raise
@@ -76,4 +77,5 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
             "nodes (`ray start --num-gpus N`), free the GPUs other jobs hold, or use "
             "backend='spmd' on a single GPU."
         ) from exc
-    return StreamingRunningEngine("ray", engine, {"cluster": cluster})
+    running.extra = {"cluster": cluster}
+    return running

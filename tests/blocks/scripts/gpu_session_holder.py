@@ -32,7 +32,7 @@ def main(backend: str, address: str, path: str, partition_bytes: int) -> None:
     running = session.running_engine
     ready = {
         "ranks": sorted(kept.ranks),
-        "rmm_per_rank": session.run(running.memory_per_rank),
+        "rmm_per_rank": session.run(lambda: list(running.read().per_rank)),
         "cluster": running.extra_description["cluster"],
     }
     if backend == "dask":
