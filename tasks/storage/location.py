@@ -44,11 +44,6 @@ class S3Location:
         match = _GLOB.search(self.key)
         return self.key[: match.start()] if match else self.key
 
-    def join(self, name: str) -> str:
-        """The URL of ``name`` under this location taken as a folder."""
-        prefix = self.key.rstrip("/")
-        return f"s3://{self.bucket}/{prefix}/{name}" if prefix else f"s3://{self.bucket}/{name}"
-
     def folder_key(self, name: str) -> str:
         """The object key of ``name`` under this location taken as a folder."""
         prefix = self.key.rstrip("/")

@@ -135,25 +135,32 @@ def _written_files(folder: Path) -> list[Path]:
 def _upload(
     files: list[Path], folder: Path, location: S3Location, access: S3Access, client: Any
 ) -> list[str]:
-    urls = []
+    keys: list[str] = []
     for path in files:
-        name = path.relative_to(folder).as_posix()
+        key = location.folder_key(path.relative_to(folder).as_posix())
         try:
-            client.upload_file(str(path), location.bucket, location.folder_key(name))
+            client.upload_file(str(path), location.bucket, key)
         except Exception as exc:
             error = explain_client_error(
                 exc, url=location.url, bucket=location.bucket, access=access,
                 doing="write parquet to",
             )
+            cleaned = "deleted again"
+            try:  # the prefix is empty again, as the task found it: a retry can write it
+                for start in range(0, len(keys), 1000):
+                    batch = [{"Key": k} for k in keys[start : start + 1000]]
+                    client.delete_objects(Bucket=location.bucket, Delete={"Objects": batch, "Quiet": True})
+            except Exception:
+                cleaned = "left in place (deleting them failed too)"
             raise S3AccessError(
-                f"{error} The engine had written all {len(files)} part file(s); "
-                f"{len(urls)} were uploaded, and every part is kept in {str(folder)!r} "
-                "for you to upload or inspect.",
+                f"{error} The engine had written all {len(files)} part file(s); the {len(keys)} "
+                f"uploaded were {cleaned}, and every part is kept in {str(folder)!r} for you to "
+                "upload or inspect.",
                 url=location.url,
                 reason=error.reason,
             ) from None
-        urls.append(location.join(name))
-    return urls
+        keys.append(key)
+    return [f"s3://{location.bucket}/{k}" for k in keys]
 
 
 @task(
@@ -221,19 +228,19 @@ def sink_parquet(
         )
     if not isinstance(result, GPUResult):
         raise TypeError(f"sink_parquet takes a GPUResult, not {type(result).__name__}; write host data with polars.")
-    with EngineCall(result) as call:
+    remote = is_s3_url(target)
+    location = access = client = None
+    if remote:
+        location = parse_s3_url(target)
+        access = resolve_s3_access(credentials)
+        client = _check_s3_target(location, access, overwrite=overwrite)
+        folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
+        os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
+    else:
+        folder = Path(target).expanduser().resolve()
+        _check_local_target(folder, overwrite=overwrite)
+    with EngineCall(result) as call:  # the target is checked first: a bad one claims nothing
         result, session = call.args, call.session
-        remote = is_s3_url(target)
-        location = access = client = None
-        if remote:
-            location = parse_s3_url(target)
-            access = resolve_s3_access(credentials)
-            client = _check_s3_target(location, access, overwrite=overwrite)
-            folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
-            os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
-        else:
-            folder = Path(target).expanduser().resolve()
-            _check_local_target(folder, overwrite=overwrite)
         asset = declare_target(target if remote else str(folder))
         schema = {name: str(dtype) for name, dtype in result.schema.items()}
         # polars' CPU sink writes one file; cudf-polars' streaming engines a folder of parts.
@@ -246,8 +253,8 @@ def sink_parquet(
                 str(sink_path), compression=compression, mkdir=True, lazy=True  # type: ignore[arg-type]
             ))
         except BaseException:
-            if remote:  # nothing was uploaded; partial staged parts are of no use
-                shutil.rmtree(folder, ignore_errors=True)
+            # Partial parts are of no use; the folder was empty or new: a retry finds it so again.
+            shutil.rmtree(folder, ignore_errors=True)
             raise
 
     files = _written_files(folder)
