@@ -224,16 +224,9 @@ class EngineHost:
             raise SessionError(self._ended())
         return self.running
 
-    def call_engine(
-        self,
-        kind: str,
-        lf: pl.LazyFrame,
-        flags: pl.QueryOptFlags,
-        *,
-        after: Callable[[], None],
-        env: Mapping[str, str | None] | None = None,
-        on_late: Callable[[Any], None] | None = None,
-    ) -> tuple[Any, Reading, float]:
+    def call_engine(self, kind: str, lf: pl.LazyFrame, flags: pl.QueryOptFlags, *, after: Callable[[], None],
+                    env: Mapping[str, str | None] | None = None,
+                    on_late: Callable[[Any], None] | None = None) -> tuple[Any, Reading, float]:
         """
         One engine call on the owner thread, in one hand-off: ``kind`` (``"execute"`` or ``"collect"``), then ``after()``.
 

@@ -47,10 +47,11 @@ def opened(session: ClosableSession) -> None:
         _open.add(session)
 
 
-def closed(session: ClosableSession) -> None:
-    """Stop tracking a session that has closed."""
+def closed(session: ClosableSession) -> bool:
+    """Stop tracking a session that has closed; returns whether no session of this process is open now."""
     with _lock:
         _open.discard(session)
+        return not _open
 
 
 def _close_open_sessions() -> None:

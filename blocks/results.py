@@ -215,19 +215,9 @@ class GPUResult:
         "produced_by", "produced_by_task_run_id", "ranks", "rows", "schema", "session_id",
     )
 
-    def __init__(
-        self,
-        payload: PersistedResult | HeldPlan,
-        *,
-        owner: ResultOwner,
-        name: str,
-        run: RunIdentity,
-        lineage: Replayable | None = None,
-        engine_seconds: float = 0.0,
-        rows: int | None = None,
-        bytes: int | None = None,
-        fused: Sequence[FusedStep] = (),
-    ) -> None:
+    def __init__(self, payload: PersistedResult | HeldPlan, *, owner: ResultOwner, name: str, run: RunIdentity,
+                 lineage: Replayable | None = None, engine_seconds: float = 0.0, rows: int | None = None,
+                 bytes: int | None = None, fused: Sequence[FusedStep] = ()) -> None:
         self.id = uuid.uuid4().hex
         self.name, self.backend, self.session_id = name, owner.backend or "unknown", owner.id
         self.deferred = isinstance(payload, HeldPlan)
@@ -307,11 +297,9 @@ class GPUResult:
     def _check(self, run: RunIdentity, reader: ResultOwner | None) -> None:
         if self._state == "released":
             raise ResultReleasedError(
-                f"GPUResult {self.name!r} (id {self.id}) was released{self._released_because()}; "
-                "its data is gone. Run the task that produced it again, inside "
-                "a flow run with an open engine session.",
-                result_id=self.id,
-                result_name=self.name,
+                f"GPUResult {self.name!r} (id {self.id}) was released{self._released_because()}; its data is gone. "
+                "Run the task that produced it again, inside a flow run with an open engine session.",
+                result_id=self.id, result_name=self.name,
             )
         if self._state == "consumed":
             if self.consumed_by_id is not None and self.consumed_by_id == run.run_id:
@@ -331,12 +319,8 @@ class GPUResult:
                     "the GPU; or run the producing task again, or collect it once and reuse "
                     "the host DataFrame."
                 )
-            raise ResultConsumedError(
-                f"GPUResult {self.name!r} (id {self.id}) was {advice}",
-                result_id=self.id,
-                result_name=self.name,
-                consumer=self.consumed_by,
-            )
+            raise ResultConsumedError(f"GPUResult {self.name!r} (id {self.id}) was {advice}", result_id=self.id,
+                                      result_name=self.name, consumer=self.consumed_by)
         if reader is not None and reader.id != self.session_id:
             where = f"{self.backend}, {self._owner.served_run}" if self._owner.served_run else self.backend
             in_subflow = (reader.served_run or "").startswith("subflow")
@@ -351,10 +335,7 @@ class GPUResult:
                     else "Produce the result in this flow run, or collect it in its own flow run "
                     "and pass the host DataFrame."
                 ),
-                result_id=self.id,
-                result_name=self.name,
-                producer_session=self.session_id,
-                current_session=reader.id,
+                result_id=self.id, result_name=self.name, producer_session=self.session_id, current_session=reader.id,
             )
 
     def _released_because(self) -> str:
@@ -482,13 +463,9 @@ class GPUResult:
 
     # ---- identity, repr, refusals ---------------------------------------------
     def __repr__(self) -> str:
-        cols = ", ".join(f"{k}: {v}" for k, v in list(self.schema.items())[:8])
-        more = ", ..." if len(self.schema) > 8 else ""
+        cols = ", ".join(f"{k}: {v}" for k, v in list(self.schema.items())[:8]) + (", ..." if len(self.schema) > 8 else "")
         where = "deferred" if self.deferred else f"partitions={self.partitions}"
-        return (
-            f"GPUResult(name={self.name!r}, id={self.id[:12]}, state={self._state}, "
-            f"backend={self.backend}, {where}, schema={{{cols}{more}}})"
-        )
+        return f"GPUResult(name={self.name!r}, id={self.id[:12]}, state={self._state}, backend={self.backend}, {where}, schema={{{cols}}})"
 
     def __hash__(self) -> int:
         return hash(self.id)

@@ -17,6 +17,9 @@ The engine session: one flow run's scope, its results and every rule of its life
    the shutdown would start a new local Ray). Every handle then lets go of what
    it held, so the engine and its memory resource are freed by reference
    counting by the time ``close`` returns. Past the limit, the end line warns.
+   The last session SIGTERM ends, on an engine of its own, also reaps
+   multiprocessing's resource tracker (at most 2 s), so nothing is left in the
+   flow run's process group.
 5. **The engine opens at the first GPU call**; one that cannot start fails that
    task run, and every later GPU call of the run raises the same error.
 6. **Subflows** share the parent's engine host when their blocks are equal
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import gc
 import threading
 import uuid
 import warnings
@@ -41,6 +45,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks import active, exits
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
+from prefect_cudf_polars.blocks.backends.compat import stop_resource_tracker
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.backends.plans import prepare
 from prefect_cudf_polars.blocks.engine import EngineHost
@@ -52,12 +57,14 @@ from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
 from prefect_cudf_polars.blocks.results import (
     EndedSession, GPUResult, claimed_by, current_run, free_claimed, fused_steps, release_partitions,
 )
-from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, user_stacklevel
+from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, logger, user_stacklevel
 
 T = TypeVar("T")
 
 #: Seconds the teardown waits for the engine at most while the flow run is being stopped.
 TERMINATING_TEARDOWN_S = 3.0
+#: Seconds the last session SIGTERM ends waits at most for multiprocessing's resource tracker to end.
+TRACKER_WAIT_S = 2.0
 
 
 class State(enum.Enum):
@@ -281,17 +288,10 @@ class EngineSession:
         ``shutdown_thread``, ``teardown`` and ``dashboard``.
         """
         return {
-            "session_id": self.id,
-            "backend": self.backend,
-            "gpus": list(self.description.get("gpus", [])),
-            "counts": self.counts,
-            "memory": self.memory,
-            "peak_memory": self._telemetry.peak,
-            "peak_memory_per_rank": dict(self._telemetry.peak_per_rank),
-            "engine_calls": self._engine_calls,
-            "timings": dict(self.timings),
-            "shutdown_thread": self._shutdown_thread,
-            "teardown": self.teardown,
+            "session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
+            "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
+            "peak_memory_per_rank": dict(self._telemetry.peak_per_rank), "engine_calls": self._engine_calls,
+            "timings": dict(self.timings), "shutdown_thread": self._shutdown_thread, "teardown": self.teardown,
             "dashboard": self.description.get("dashboard"),
         }
 
@@ -329,10 +329,8 @@ class EngineSession:
         """Bytes the engine holds now (rmm statistics on GPU backends, summed over ranks); ``SessionError`` once ended."""
         return self._telemetry.note(self._check_open().read()).memory
 
-    def execute(
-        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
-        inputs: Sequence[GPUResult] = (), environment: Mapping[str, str | None] | None = None,
-    ) -> GPUResult:
+    def execute(self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
+                inputs: Sequence[GPUResult] = (), environment: Mapping[str, str | None] | None = None) -> GPUResult:
         """
         Run ``lf`` on the engine and return a live :class:`GPUResult`; the data stays on the engine.
 
@@ -359,27 +357,22 @@ class EngineSession:
         (persisted, reading, seconds), flags, plan, fused = self._call_engine(
             "execute", lf, inputs, run, environment, self._late(name, run)
         )
-        result = GPUResult(
-            persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf),
-            engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused,
-        )
-        engine_plan = lf.explain(optimizations=flags) if self.block.result_artifacts else None
-        return self._register(result, plan, reading.memory, engine_plan)
+        result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf),
+                           engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
+        return self._register(result, plan, reading.memory, lf, flags)
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
         def release_late(value: tuple[Any, Any, float]) -> None:  # on the owner thread
             value[0].release()
             with self._lock:
-                self._counts["produced"], self._counts["released_unconsumed"] = (
-                    self._counts["produced"] + 1, self._counts["released_unconsumed"] + 1)
+                for count in ("produced", "released_unconsumed"):
+                    self._counts[count] += 1
             self._telemetry.late_result_released(name, run.task_run_id)
 
         return release_late
 
-    def collect(
-        self, query: pl.LazyFrame | GPUResult, *, inputs: Sequence[GPUResult] = (),
-        environment: Mapping[str, str | None] | None = None,
-    ) -> pl.DataFrame:
+    def collect(self, query: pl.LazyFrame | GPUResult, *, inputs: Sequence[GPUResult] = (),
+                environment: Mapping[str, str | None] | None = None) -> pl.DataFrame:
         """
         Run a query (a LazyFrame, or a GPUResult it claims) on the engine and return a host ``polars.DataFrame``.
 
@@ -396,10 +389,8 @@ class EngineSession:
             inputs, query = [*inputs, query], query.lazy()
         return self._call_engine("collect", query, inputs, current_run(), environment, None)[0][0]
 
-    def _call_engine(
-        self, kind: str, lf: pl.LazyFrame, inputs: Sequence[GPUResult], run: Any,
-        environment: Mapping[str, str | None] | None, on_late: Callable[[Any], None] | None,
-    ) -> tuple[tuple[Any, Any, float], pl.QueryOptFlags, str, tuple[FusedStep, ...]]:
+    def _call_engine(self, kind: str, lf: pl.LazyFrame, inputs: Sequence[GPUResult], run: Any,
+                     environment: Mapping[str, str | None] | None, on_late: Callable[[Any], None] | None) -> tuple:
         """Check the plan, run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
         host = self._check_open()
         claimed = claimed_by(inputs, run)
@@ -413,10 +404,8 @@ class EngineSession:
         self._telemetry.note(out[1])
         return out, flags, plan, fused
 
-    def defer(
-        self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
-        inputs: Sequence[GPUResult] = (), step: FusedStep | None = None,
-    ) -> GPUResult:
+    def defer(self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
+              inputs: Sequence[GPUResult] = (), step: FusedStep | None = None) -> GPUResult:
         """
         Keep ``lf`` as a live deferred :class:`GPUResult`, to run fused into its reader's engine call.
 
@@ -451,21 +440,18 @@ class EngineSession:
             raise
         held = tuple(claimed_by(inputs, run))
         own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
-        result = GPUResult(
-            HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
-            lineage=lineage or Lineage.of_query(lf, deferred=True),
-        )
-        return self._register(result, plan, None, lf.explain(optimizations=flags) if self.block.result_artifacts else None)
+        result = GPUResult(HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
+                           lineage=lineage or Lineage.of_query(lf, deferred=True))
+        return self._register(result, plan, None, lf, flags)
 
     def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
         """A live result wrapping what ``like`` handed over (``tee``'s first copy); ``SessionError`` once ended."""
-        result = GPUResult(
-            handed, owner=self, name=like.name, run=current_run(), lineage=like.lineage,
-            rows=like.rows, bytes=like.bytes, fused=like.fused,
-        )
+        result = GPUResult(handed, owner=self, name=like.name, run=current_run(), lineage=like.lineage,
+                           rows=like.rows, bytes=like.bytes, fused=like.fused)
         return self._register(result, None, None)
 
-    def _register(self, result: GPUResult, plan: str | None, memory: int | None, engine_plan: str | None = None) -> GPUResult:
+    def _register(self, result: GPUResult, plan: str | None, memory: int | None,
+                  lf: pl.LazyFrame | None = None, flags: pl.QueryOptFlags | None = None) -> GPUResult:
         with self._lock:
             open_ = self.state is State.OPEN and not self._ending
             if open_:
@@ -475,6 +461,7 @@ class EngineSession:
         if not open_:
             result.release()
             raise SessionError(self.ended_message())
+        engine_plan = lf.explain(optimizations=flags) if lf is not None and self.block.result_artifacts else None
         self._telemetry.result_created(result, plan, memory, engine_plan)
         return result
 
@@ -486,21 +473,20 @@ class EngineSession:
 
     def claimed(self, result: GPUResult) -> None:
         """Count ``result`` consumed (its first claim) and send ``result.consumed``."""
-        with self._lock:
-            live = self._live.pop(result.id, None) is not None
-            if live:
-                self._counts["consumed"] += 1
-        if live:
+        if self._left(result, "consumed"):
             self._telemetry.result_consumed(result)
 
     def released(self, result: GPUResult) -> None:
         """Count ``result`` released unread (once) and send ``result.released``."""
+        if self._left(result, "released_unconsumed"):
+            self._telemetry.result_released(result, at_session_end=False)
+
+    def _left(self, result: GPUResult, count: str) -> bool:
+        """Whether ``result`` was live here; then it is counted under ``count`` and live no more."""
         with self._lock:
             live = self._live.pop(result.id, None) is not None
-            if live:
-                self._counts["released_unconsumed"] += 1
-        if live:
-            self._telemetry.result_released(result, at_session_end=False)
+            self._counts[count] += live
+        return live
 
     def free(self, persisted: Any) -> None:
         """Release ``persisted`` on the owner thread, without waiting for it; once the engine has shut down, let it go."""
@@ -550,10 +536,15 @@ class EngineSession:
                 result.end(tombstone, drop=done)
             self._all = weakref.WeakSet()
             self.state, self._host = State.CLOSED, (None if done else host)
-            exits.closed(self)
+            last = exits.closed(self)
             if self._token is not None:
                 active.leave(self._token, self)
                 self._token = None
+        if terminating and last and done and self._owns_host:  # the process is ending: leave nothing in its group
+            gc.collect()  # what nothing holds unregisters from the resource tracker first
+            if not stop_resource_tracker(TRACKER_WAIT_S):
+                logger.warning("multiprocessing's resource tracker still ran %g s after engine session %s ended; "
+                               "the flow run's process group ends only once it does.", TRACKER_WAIT_S, self.id)
         summary = self.summary()
         self._telemetry.ended(summary, still_served=still, limit=limit)
         return summary

@@ -37,19 +37,12 @@ def gpu_task(fn: Callable[..., pl.LazyFrame], /) -> Task[..., Any]: ...
 
 
 @overload
-def gpu_task(
-    *, collect: bool = False, defer: bool = False, **task_options: Any
-) -> Callable[[Callable[..., pl.LazyFrame]], Task[..., Any]]: ...
+def gpu_task(*, collect: bool = False, defer: bool = False,
+             **task_options: Any) -> Callable[[Callable[..., pl.LazyFrame]], Task[..., Any]]: ...
 
 
-def gpu_task(
-    fn: Callable[..., pl.LazyFrame] | None = None,
-    /,
-    *,
-    collect: bool = False,
-    defer: bool = False,
-    **task_options: Any,
-) -> Any:
+def gpu_task(fn: Callable[..., pl.LazyFrame] | None = None, /, *, collect: bool = False, defer: bool = False,
+             **task_options: Any) -> Any:
     """
     Make a Prefect task of a function that returns a ``polars.LazyFrame``.
 
@@ -87,7 +80,7 @@ def gpu_task(
         :mod:`~prefect_cudf_polars.tasks.task_defaults`); asking for persistence
         logs a warning on each task run and persists nothing. With ``retries``,
         a retry whose earlier attempt read a GPU input recomputes that input
-        from its lineage (:mod:`~prefect_cudf_polars.tasks.retry_inputs`); your
+        from its lineage (:mod:`~prefect_cudf_polars.tasks.calls`); your
         ``retry_condition_fn`` runs after the check that stops retrying when the
         input cannot be recomputed.
 

@@ -194,3 +194,53 @@ def register_before_thread_shutdown(fn: Callable[[], None]) -> None:
     workers register theirs when they start, so they may already have stopped.
     """
     threading._register_atexit(fn)  # type: ignore[attr-defined]
+
+
+def stop_resource_tracker(timeout: float) -> bool:
+    """
+    Close this process's pipe to multiprocessing's resource tracker and reap the tracker, within ``timeout`` seconds.
+
+    A backend that spawns processes (distributed's ``LocalCUDACluster`` on
+    ``dask``) starts the tracker as a child in the flow run's process group.
+    CPython 3.11-3.13 do not wait for it at exit (CPython 3.14 does, issue
+    88887): it ends just after the flow process, orphaned, and stays in the
+    group as a zombie until PID 1 reaps it, which a container's PID 1 may never
+    do, while a Prefect process worker counts a cancelled run ``Cancelled`` only
+    once the group is gone. Checked against CPython 3.11-3.13's
+    ``ResourceTracker``: ``_lock`` guards ``_fd`` (the pipe's write end) and
+    ``_pid``. Never raises.
+
+    Returns
+    -------
+    bool
+        True when no tracker this process started is left running; False when
+        the lock was busy, or the tracker still ran at the deadline.
+    """
+    import time
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    lock = getattr(tracker, "_lock", None)
+    deadline = time.monotonic() + timeout
+    if lock is None or not lock.acquire(timeout=timeout):
+        return lock is None
+    try:
+        if getattr(lock, "_recursion_count", lambda: 1)() > 1 or tracker._pid is None:  # inside its own call; none started
+            return tracker._pid is None
+        fd, tracker._fd = tracker._fd, None
+        if fd is not None:
+            os.close(fd)
+        while time.monotonic() < deadline:
+            try:
+                done = os.waitpid(tracker._pid, os.WNOHANG)[0]
+            except ChildProcessError:  # not our child (a forked copy), or reaped already
+                done = tracker._pid
+            if done:
+                tracker._pid = None
+                return True
+            time.sleep(0.02)
+        return False
+    except Exception:  # never fail a session's end
+        return False
+    finally:
+        lock.release()

@@ -2,11 +2,11 @@
 A process whose flow run SIGTERM ended leaves nothing in its process group once it exits.
 
 A Prefect process worker cancels a flow run with SIGTERM to the run's process group and
-counts the run ``Cancelled`` once the group is gone. multiprocessing's resource tracker
-(started by spawned processes, as distributed's workers on ``dask``) ends on its own once the
-flow process has exited, and is reaped as an orphan. A real subprocess runs the flow in a
-group of its own, under a launcher that is a child subreaper and reaps orphans as a
-machine's PID 1 does; the group must be gone within a short bound after the flow process exits.
+counts the run ``Cancelled`` once the group is gone; multiprocessing's resource tracker
+(started by spawned processes, as distributed's workers on ``dask``) must not outlive the
+flow process there. A real subprocess runs the flow in a group of its own, under a launcher
+that is a child subreaper, so an orphaned tracker would stay in the group as the launcher's
+zombie.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 32 tasks submitted at once against one engine session.
 
 Engine calls are serialized on the session's owner thread (see the developer
-notes of ``blocks/session/owner.py``: rapidsmpf needs one thread to create, use and
+notes of ``blocks/engine.py``: rapidsmpf needs one thread to create, use and
 shut down an engine, and a single-rank engine's stream pool and store are not
 promised thread-safe). Here 32 task threads call the engine together: every
 result is right, no call overlaps another, and the flow run ends (a

@@ -2,11 +2,11 @@
 Run a command in a process group of its own and report when that group is gone (run as a file).
 
 This process first becomes a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a
-process the command leaves orphaned becomes this process's child, and this process reaps it
-once it ends, as a machine's PID 1 does, whatever the machine's PID 1 is. Prints one JSON line
-last: the command's exit status and the seconds from its exit until no process of its group
-was left (``null`` when some still were after ``WAIT_S``; those are then killed with SIGKILL
-and reaped, at most ``REAP_S`` seconds).
+process the command leaves orphaned becomes this process's child, and once it ends it stays
+in the command's group as a zombie until this process reaps it, whatever the machine's PID 1
+does. Prints one JSON line last: the command's exit status and the seconds from its exit until
+no process of its group was left (``null`` when some still were after ``WAIT_S``; those are
+then killed with SIGKILL and reaped, at most ``REAP_S`` seconds).
 
 Usage: ``python in_own_group.py COMMAND [ARG ...]``
 """
@@ -35,15 +35,6 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def reap() -> None:
-    """Reap every orphan that has ended (a child subreaper's job, as PID 1's)."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-
-
 if __name__ == "__main__":
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
@@ -53,7 +44,6 @@ if __name__ == "__main__":
     exited = time.monotonic()
     gone = None
     while time.monotonic() - exited < WAIT_S:
-        reap()
         if not group_alive(proc.pid):
             gone = time.monotonic() - exited
             break
