@@ -25,7 +25,8 @@ included (``tests/test_layering.py``); a protocol in a lower layer types what
 an upper one provides. Bottom to top:
 
 ``errors``, ``active``
-    The errors; which session provider is innermost here (one context variable).
+    The errors; which session provider is innermost here (one context variable),
+    and :func:`get_engine_session`, its session.
 ``engine_block``
     :class:`CudfPolarsEngine`: fields, checks, and the one translation into
     cudf-polars' options.
@@ -38,7 +39,7 @@ an upper one provides. Bottom to top:
     The engine host (owner thread and exit stack); what Prefect is told;
     which subflows share an engine; sessions open at interpreter exit.
 ``session``
-    :class:`EngineSession` and :func:`get_engine_session`.
+    :class:`EngineSession`.
 ``task_runner``
     :class:`CudfPolarsTaskRunner`.
 """
@@ -46,7 +47,8 @@ an upper one provides. Bottom to top:
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import BlockNotFoundError, NoEngineSessionError, NoGPUError, SessionError
 from prefect_cudf_polars.blocks.results import GPUResult
-from prefect_cudf_polars.blocks.session import EngineSession, get_engine_session
+from prefect_cudf_polars.blocks.active import get_engine_session
+from prefect_cudf_polars.blocks.session import EngineSession
 from prefect_cudf_polars.blocks.task_runner import CudfPolarsTaskRunner
 
 __all__ = [

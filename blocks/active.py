@@ -1,5 +1,5 @@
 """
-Which session provider is innermost here: one context variable.
+Which session provider is innermost here (one context variable), and :func:`get_engine_session`, its session.
 
 A **session provider** is what opens a flow run's engine session on demand:
 a :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner` (Prefect enters it
@@ -21,6 +21,8 @@ import contextvars
 import threading
 import time
 from typing import Any, Protocol
+
+from prefect_cudf_polars.blocks.errors import NO_SESSION_MESSAGE, NoEngineSessionError
 
 
 class SessionProvider(Protocol):
@@ -114,3 +116,38 @@ class ServedRuns:
                 self._changed.wait(left)
             still, self._pending = len(self._pending), set()
             return still
+
+
+def get_engine_session() -> Any:
+    """
+    The open :class:`~prefect_cudf_polars.blocks.EngineSession` of the current flow run (flow body or task thread).
+
+    The innermost session provider's session, its engine opened at first use.
+    The first call inside a flow run writes the session's start line (backend,
+    GPUs, versions) to its log.
+
+    Returns
+    -------
+    EngineSession
+
+    Raises
+    ------
+    NoEngineSessionError
+        No session is active here (no ``CudfPolarsTaskRunner``, no ``with block.session():``).
+    SessionError
+        The session here has ended, or a subflow's session cannot share its parent's GPU.
+    BlockNotFoundError
+        The task runner names a saved block that does not exist.
+    NoGPUError
+        The block asks for a GPU backend and no usable GPU is here.
+    Exception
+        Whatever else stopped the engine from starting (every later call raises it again).
+    """
+    provider = innermost()
+    if provider is not None:
+        return provider.provide_session()
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    where = "for this flow run" if ctx is not None and ctx.flow_run is not None else "here, and no flow run is running"
+    raise NoEngineSessionError(NO_SESSION_MESSAGE.format(where=where))

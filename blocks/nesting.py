@@ -16,7 +16,7 @@ Within one flow run, sessions do not nest.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 from prefect_cudf_polars.blocks.errors import SessionError
@@ -80,3 +80,51 @@ def shares_engine(block: CudfPolarsEngine, parent: CudfPolarsEngine, parent_back
         "subflow's CudfPolarsTaskRunner the parent's engine block to run on the parent's engine (with its "
         "own results and teardown), or give the subflow no task runner to use the parent's session."
     )
+
+
+class NestedSession(Protocol):
+    """What the decision needs of a session (:class:`~prefect_cudf_polars.blocks.EngineSession`)."""
+
+    id: str
+    block: CudfPolarsEngine
+    backend: str | None
+    closed: bool
+    served_run: str | None
+    flow_run_id: Any
+
+
+def shared_host(session: NestedSession, outer: Any, parent: NestedSession | None, *, flow_run: Any) -> Any:
+    """
+    The enclosing session whose engine host ``session`` runs on, or ``None`` to start its own.
+
+    Parameters
+    ----------
+    session : EngineSession
+        The session opening.
+    outer : session provider or None
+        For ``with block.session():``, the innermost provider here; its open
+        session is the enclosing one (``None`` for a task runner's session).
+    parent : EngineSession or None
+        For a subflow's task runner, the enclosing flow run's session.
+    flow_run : FlowRunContext or None
+        Prefect's flow run context here.
+
+    Raises
+    ------
+    SessionError
+        This flow run already has a session (``outer`` is its task runner, or
+        an open session of the same flow run), or both need a GPU engine and
+        the blocks differ (:func:`shares_engine`).
+    NoGPUError
+        ``session``'s block asks for a GPU backend and none is usable here.
+    """
+    if outer is not None:
+        if flow_run is not None and flow_run.task_runner is outer:
+            raise SessionError(RUNNER_HERE)
+        parent = outer.provided_session
+        if parent is outer and parent.flow_run_id == session.flow_run_id:
+            raise SessionError(SESSION_HERE.format(backend=parent.backend, id=parent.id))
+    if parent is None or parent.closed:
+        return None
+    runs = (session.served_run or "this session", f"{parent.served_run or 'its parent'} ({parent.backend}, session {parent.id})")
+    return parent if shares_engine(session.block, parent.block, parent.backend, runs=runs) else None

@@ -49,9 +49,10 @@ from prefect_cudf_polars.blocks.backends.compat import stop_resource_tracker
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.backends.plans import prepare
 from prefect_cudf_polars.blocks.engine import EngineHost
-from prefect_cudf_polars.blocks.nesting import RUNNER_HERE, SESSION_HERE, shares_engine
+from prefect_cudf_polars.blocks.nesting import shared_host
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
-from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, NO_SESSION_MESSAGE, NoEngineSessionError, SessionError
+from prefect_cudf_polars.blocks.active import get_engine_session  # noqa: F401 (also importable from here)
+from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
 from prefect_cudf_polars.blocks.results import (
@@ -165,9 +166,7 @@ class EngineSession:
             raise SessionError("This engine session was already opened; open a new one with CudfPolarsEngine.session().")
         self._opened_by = "`with block.session():`" if activate else "CudfPolarsTaskRunner"
         self._record_run()
-        if activate:
-            parent = self._enclosing()
-        shared = self._shared_host(parent)
+        shared = shared_host(self, active.innermost() if activate else None, parent, flow_run=_flow_run_context())
         if shared is not None:
             self._host, self.backend = shared._host, shared.backend
             note = f"{shared.description.get('note', '')}; on the engine of session {shared.id[:8]} ({shared.served_run})"
@@ -195,26 +194,6 @@ class EngineSession:
         self._owns_host = True
         self.timings["engine_start_s"] = self._host.start_seconds
         self.description = self._host.description
-
-    def _enclosing(self) -> EngineSession | None:
-        """The open session of an enclosing flow run; refuses a second session in this flow run."""
-        outer = active.innermost()
-        if outer is None:
-            return None
-        ctx = _flow_run_context()
-        if ctx is not None and ctx.task_runner is outer:
-            raise SessionError(RUNNER_HERE)
-        session = outer.provided_session
-        if isinstance(outer, EngineSession) and session is not None and outer.flow_run_id == self.flow_run_id:
-            raise SessionError(SESSION_HERE.format(backend=outer.backend, id=outer.id))
-        return session
-
-    def _shared_host(self, parent: EngineSession | None) -> EngineSession | None:
-        """The enclosing session whose engine host this one runs on, or ``None`` to start its own."""
-        if parent is None or parent.state is not State.OPEN:
-            return None
-        runs = (self.served_run or "this session", f"{parent.served_run or 'its parent'} ({parent.backend}, session {parent.id})")
-        return parent if shares_engine(self.block, parent.block, parent.backend, runs=runs) else None
 
     def _record_run(self) -> None:
         if self._telemetry.flow_run is None and (ctx := _flow_run_context()) is not None:
@@ -305,9 +284,10 @@ class EngineSession:
         return None if self.closed else self
 
     def provide_session(self) -> EngineSession:
-        """This session, for the code inside its with block; ``SessionError`` once it has ended."""
+        """This session, for the code inside its with block (announced there); ``SessionError`` once it has ended."""
         if self.closed:
             raise SessionError(self.ended_message())
+        self.announce()
         return self
 
     def serve(self, future: Any) -> None:
@@ -334,13 +314,28 @@ class EngineSession:
         """
         Run ``lf`` on the engine and return a live :class:`GPUResult`; the data stays on the engine.
 
-        ``inputs`` are the results ``lf`` was built from that this call may have
-        claimed: what they still hold is freed in the same hand-off, success or
-        failure, and claimed deferred ones are listed as fused into the result. A
-        caller that stops waiting (a task timeout) leaves the call running; what
-        it produces is then released at once. ``lineage`` defaults to ``lf``.
-        ``environment`` is set in this process and on every rank for the engine
-        call alone (object-store credentials; ``None`` unsets a variable).
+        A caller that stops waiting (a task timeout) leaves the call running;
+        what it produces is then released at once.
+
+        Parameters
+        ----------
+        lf : polars.LazyFrame
+        name : str, optional
+            The result's name (default ``"query"``).
+        lineage : Lineage, optional
+            How to produce the result again (default: ``lf``).
+        inputs : sequence of GPUResult
+            The results ``lf`` was built from that this call may have claimed:
+            what they still hold is freed in the same hand-off, success or
+            failure; claimed deferred ones are listed as fused into the result.
+        environment : mapping of str to (str or None), optional
+            Set in this process and on every rank for the engine call alone
+            (object-store credentials; ``None`` unsets a variable).
+
+        Returns
+        -------
+        GPUResult
+            Live, in ``"live"`` state.
 
         Raises
         ------
@@ -376,7 +371,15 @@ class EngineSession:
         """
         Run a query (a LazyFrame, or a GPUResult it claims) on the engine and return a host ``polars.DataFrame``.
 
-        ``inputs`` and ``environment`` as for :meth:`execute`.
+        Parameters
+        ----------
+        query : polars.LazyFrame or GPUResult
+        inputs, environment
+            As for :meth:`execute`.
+
+        Returns
+        -------
+        polars.DataFrame
 
         Raises
         ------
@@ -410,10 +413,23 @@ class EngineSession:
         Keep ``lf`` as a live deferred :class:`GPUResult`, to run fused into its reader's engine call.
 
         Nothing runs: the schema is resolved and the plan checked as the engine
-        would (on ``cpu``, the GPU-support check when ``raise_on_fail``). The
-        claimed ``inputs`` are held until the reader's call. ``step`` is the
-        step's own record (a replay passes the original's, so it keeps naming
-        the task run that deferred it).
+        would (on ``cpu``, the GPU-support check when ``raise_on_fail``).
+
+        Parameters
+        ----------
+        lf : polars.LazyFrame
+        name, lineage
+            As for :meth:`execute`.
+        inputs : sequence of GPUResult
+            The claimed ones are held until the reader's call.
+        step : FusedStep, optional
+            The step's own record (a replay passes the original's, so it keeps
+            naming the task run that deferred it).
+
+        Returns
+        -------
+        GPUResult
+            Live and deferred.
 
         Raises
         ------
@@ -504,7 +520,17 @@ class EngineSession:
         releases only its own results there. Each wait is at most the block's
         ``teardown_timeout`` (seconds), 3 s when ``terminating`` (SIGTERM, a
         cancellation); past it, the calls still queued for the engine fail with
-        ``SessionError``.
+        ``SessionError``. Never raises: a failed teardown is in ``teardown``.
+
+        Parameters
+        ----------
+        terminating : bool
+            The flow run is being stopped.
+
+        Returns
+        -------
+        dict
+            :meth:`summary`.
         """
         with self._lock:
             if self._closing or self.state is State.NEW:
@@ -559,35 +585,6 @@ class EngineSession:
         running = self._host.running if self._host is not None else None
         if running is not None:
             self._memory["at_end"] = self._telemetry.note(running.read()).memory
-
-
-def get_engine_session() -> EngineSession:
-    """
-    The open :class:`EngineSession` of the current flow run (flow body or task thread), opening its engine at first use.
-
-    The first call inside a flow run writes the session's start line (backend,
-    GPUs, versions) to its log.
-
-    Raises
-    ------
-    NoEngineSessionError
-        No session is active here (no ``CudfPolarsTaskRunner``, no ``with block.session():``).
-    SessionError
-        The session here has ended, or a subflow's session cannot share its parent's GPU.
-    BlockNotFoundError
-        The task runner names a saved block that does not exist.
-    NoGPUError
-        The block asks for a GPU backend and no usable GPU is here.
-    Exception
-        Whatever else stopped the engine from starting (every later call raises it again).
-    """
-    provider = active.innermost()
-    if provider is None:
-        where = "for this flow run" if _flow_run_context() is not None else "here, and no flow run is running"
-        raise NoEngineSessionError(NO_SESSION_MESSAGE.format(where=where))
-    session: EngineSession = provider.provide_session()
-    session.announce()
-    return session
 
 
 CudfPolarsEngine.session_type = EngineSession

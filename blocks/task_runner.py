@@ -113,6 +113,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         """
         The flow run's session, opening the engine at the first call (once, under a lock).
 
+        The first call inside the flow run writes the session's start line to its log.
+
         Raises
         ------
         SessionError
@@ -144,6 +146,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                 session = self.session
         if session.closed:
             raise SessionError(session.ended_message())
+        session.announce()
         return session
 
     def serve(self, future: Any) -> None:
