@@ -83,18 +83,14 @@ class S3Access:
             ``aws_endpoint_url`` (polars allows an ``http://`` endpoint as given),
             or ``aws_skip_signature`` when anonymous.
         """
-        options = {"aws_region": self.region}
-        if self.endpoint_url:
-            options["aws_endpoint_url"] = self.endpoint_url
+        options = {"aws_region": self.region, "aws_endpoint_url": self.endpoint_url or None}
         if self.anonymous:
             options["aws_skip_signature"] = "true"
-            return options
-        assert self.access_key_id is not None and self.secret_access_key is not None
-        options["aws_access_key_id"] = self.access_key_id.get_secret_value()
-        options["aws_secret_access_key"] = self.secret_access_key.get_secret_value()
-        if self.session_token is not None:
-            options["aws_session_token"] = self.session_token.get_secret_value()
-        return options
+        else:
+            options["aws_access_key_id"] = _reveal(self.access_key_id)
+            options["aws_secret_access_key"] = _reveal(self.secret_access_key)
+            options["aws_session_token"] = _reveal(self.session_token)
+        return {name: value for name, value in options.items() if value is not None}
 
     def environment(self) -> dict[str, str | None]:
         """
@@ -137,28 +133,20 @@ class S3Access:
 
         config = Config(signature_version=UNSIGNED) if self.anonymous else None
         return boto3.session.Session().client(
-            "s3",
+            "s3", region_name=self.region, endpoint_url=self.endpoint_url, verify=self.verify, config=config,
             aws_access_key_id=None if self.anonymous else _reveal(self.access_key_id),
             aws_secret_access_key=None if self.anonymous else _reveal(self.secret_access_key),
             aws_session_token=_reveal(self.session_token),
-            region_name=self.region,
-            endpoint_url=self.endpoint_url,
-            verify=self.verify,
-            config=config,
         )
 
     def secrets(self) -> list[str]:
         """The secret strings (key id, secret key, session token) to keep out of messages."""
-        return [
-            s.get_secret_value()
-            for s in (self.access_key_id, self.secret_access_key, self.session_token)
-            if s is not None and s.get_secret_value()
-        ]
+        secrets = map(_reveal, (self.access_key_id, self.secret_access_key, self.session_token))
+        return [s for s in secrets if s]
 
     def describe(self) -> str:
         """Where requests go, for messages: the endpoint (or AWS) and region; no secrets."""
-        where = self.endpoint_url or "AWS S3"
-        return f"{where} (region {self.region})"
+        return f"{self.endpoint_url or 'AWS S3'} (region {self.region})"
 
     def __repr__(self) -> str:
         keys = "anonymous" if self.anonymous else "key pair set"
@@ -228,17 +216,11 @@ def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
     # assume_role_arn arrived in prefect-aws 0.7 (the floor in pyproject); read it defensively.
     if explicit and not getattr(credentials, "assume_role_arn", None):
         assert credentials.aws_secret_access_key is not None
+        token = SecretStr(credentials.aws_session_token) if credentials.aws_session_token else None
         return S3Access(
             access_key_id=SecretStr(credentials.aws_access_key_id or ""),
-            secret_access_key=credentials.aws_secret_access_key,
-            session_token=(
-                SecretStr(credentials.aws_session_token)
-                if credentials.aws_session_token
-                else None
-            ),
-            region=credentials.region_name or DEFAULT_REGION,
-            endpoint_url=endpoint,
-            verify=verify,
+            secret_access_key=credentials.aws_secret_access_key, session_token=token,
+            region=credentials.region_name or DEFAULT_REGION, endpoint_url=endpoint, verify=verify,
         )
     session = credentials.get_boto3_session()
     found = session.get_credentials()
@@ -248,8 +230,7 @@ def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
         secret_access_key=SecretStr(frozen.secret_key) if frozen else None,
         session_token=SecretStr(frozen.token) if frozen and frozen.token else None,
         region=credentials.region_name or session.region_name or DEFAULT_REGION,
-        endpoint_url=endpoint,
-        verify=verify,
+        endpoint_url=endpoint, verify=verify,
     )
 
 

@@ -28,6 +28,21 @@ _DENIED = frozenset({"AccessDenied", "AllAccessDisabled"})
 _NO_BUCKET = frozenset({"NoSuchBucket"})
 _NO_KEY = frozenset({"NoSuchKey", "404"})
 
+#: Each reason's message, after "Could not {doing} {url}"; the other ``str.format`` fields are the
+#: bucket, where (endpoint and region), code, answer (the code or HTTP status) and detail.
+_MESSAGES = {
+    "no-bucket": ": bucket {bucket!r} does not exist at {where}. Check the bucket name in the URL and the "
+    "endpoint_url of the AwsCredentials block, or create the bucket.",
+    "credentials": ": {where} refused the credentials ({answer}). Check the access key id and secret access "
+    "key (and session token, if any) of the AwsCredentials block, and that the endpoint_url and "
+    "region_name point at the server that issued them.",
+    "denied": ": {where} denied access ({code}). The credentials are valid but lack permission on bucket "
+    "{bucket!r}; grant them s3:GetObject / s3:ListBucket (reading) or s3:PutObject (writing).",
+    "not-found": ": no object matches it in bucket {bucket!r} at {where}. Check the key or pattern (list the "
+    "prefix with the AWS CLI or S3Bucket.list_objects).",
+    "failed": " at {where}: {detail}. Check that the endpoint is reachable from this machine and retry.",
+}
+
 
 class S3AccessError(RuntimeError):
     """
@@ -79,14 +94,7 @@ def _code_of(exc: BaseException) -> tuple[str, str]:
 
 
 def explain(
-    *,
-    url: str,
-    bucket: str,
-    code: str,
-    status: str,
-    access: S3Access,
-    doing: str,
-    detail: str,
+    *, url: str, bucket: str, code: str, status: str, access: S3Access, doing: str, detail: str,
     bucket_request: bool = False,
 ) -> S3AccessError:
     """
@@ -110,57 +118,25 @@ def explain(
         The answer was to a request on the bucket itself (a listing), whose
         "404" means the bucket does not exist.
     """
-    where = access.describe()
-    detail = scrub(detail, access)
     if code in _NO_BUCKET or (bucket_request and status == "404"):
-        return S3AccessError(
-            f"Could not {doing} {url}: bucket {bucket!r} does not exist at {where}. "
-            "Check the bucket name in the URL and the endpoint_url of the AwsCredentials "
-            "block, or create the bucket.",
-            url=url,
-            reason="no-bucket",
-        )
-    if code in _CREDENTIALS or (status == "403" and code not in _DENIED):
-        return S3AccessError(
-            f"Could not {doing} {url}: {where} refused the credentials "
-            f"({code or 'HTTP ' + status}). Check the access key id and secret access key "
-            "(and session token, if any) of the AwsCredentials block, and that the "
-            "endpoint_url and region_name point at the server that issued them.",
-            url=url,
-            reason="credentials",
-        )
-    if code in _DENIED:
-        return S3AccessError(
-            f"Could not {doing} {url}: {where} denied access ({code}). The credentials "
-            f"are valid but lack permission on bucket {bucket!r}; grant them s3:GetObject / "
-            "s3:ListBucket (reading) or s3:PutObject (writing).",
-            url=url,
-            reason="denied",
-        )
-    if code in _NO_KEY or status == "404":
-        return S3AccessError(
-            f"Could not {doing} {url}: no object matches it in bucket {bucket!r} at "
-            f"{where}. Check the key or pattern (list the prefix with the AWS CLI or "
-            "S3Bucket.list_objects).",
-            url=url,
-            reason="not-found",
-        )
-    return S3AccessError(
-        f"Could not {doing} {url} at {where}: {detail or code or status}. Check that the "
-        "endpoint is reachable from this machine and retry.",
-        url=url,
-        reason="failed",
+        reason = "no-bucket"
+    elif code in _CREDENTIALS or (status == "403" and code not in _DENIED):
+        reason = "credentials"
+    elif code in _DENIED:
+        reason = "denied"
+    elif code in _NO_KEY or status == "404":
+        reason = "not-found"
+    else:
+        reason = "failed"
+    message = ("Could not {doing} {url}" + _MESSAGES[reason]).format(
+        doing=doing, url=url, bucket=bucket, where=access.describe(), code=code,
+        answer=code or "HTTP " + status, detail=scrub(detail, access) or code or status,
     )
+    return S3AccessError(message, url=url, reason=reason)
 
 
 def explain_client_error(
-    exc: BaseException,
-    *,
-    url: str,
-    bucket: str,
-    access: S3Access,
-    doing: str,
-    bucket_request: bool = False,
+    exc: BaseException, *, url: str, bucket: str, access: S3Access, doing: str, bucket_request: bool = False
 ) -> S3AccessError:
     """
     Translate a boto3/botocore error into an :class:`S3AccessError`.
@@ -173,14 +149,9 @@ def explain_client_error(
         As for :func:`explain`.
     """
     code, status = _code_of(exc)
+    detail = f"{type(exc).__name__}: {exc}"
     return explain(
-        url=url,
-        bucket=bucket,
-        code=code,
-        status=status,
-        access=access,
-        doing=doing,
-        detail=f"{type(exc).__name__}: {exc}",
+        url=url, bucket=bucket, code=code, status=status, access=access, doing=doing, detail=detail,
         bucket_request=bucket_request,
     )
 
@@ -199,28 +170,15 @@ def explain_engine_error(
     # cudf-polars wraps rank errors in ExceptionGroups, whose str() omits the inner ones.
     text = " | ".join(f"{type(e).__name__}: {e}" for e in iter_exceptions(exc))
     lowered = text.lower()
-    if not any(
-        marker in lowered
-        for marker in ("s3", "object-store", "object store", "http", "curl", "403", "404")
-    ):
+    if not any(m in lowered for m in ("s3", "object-store", "object store", "http", "curl", "403", "404")):
         return None
-    code = status = ""
-    for candidate in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "NoSuchKey"):
-        if candidate in text:
-            code = candidate
-            break
+    codes = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "NoSuchKey")
+    code = next((candidate for candidate in codes if candidate in text), "")
+    status = ""
     if "403" in text or "forbidden" in lowered or "lacked the necessary privileges" in lowered:
         status = "403"
     elif "404" in text or "not found" in lowered:
         status = "404"
     if not (code or status):
         return None
-    return explain(
-        url=url,
-        bucket=bucket,
-        code=code,
-        status=status,
-        access=access,
-        doing=doing,
-        detail=text,
-    )
+    return explain(url=url, bucket=bucket, code=code, status=status, access=access, doing=doing, detail=text)

@@ -6,13 +6,18 @@ moves, so a missing bucket, refused keys or an empty prefix fail with a clear
 :class:`~prefect_cudf_polars.tasks.storage.errors.S3AccessError` before a GPU
 result is claimed or a query is planned, whatever the backend; the engines' own
 messages for the same failures differ (polars' object store, KvikIO) and quote
-requests.
+requests. The keys under a sink's prefix are listed and deleted here too
+(:func:`existing_keys`, :func:`delete_keys`); :func:`client_errors` turns what
+boto3 raises into that error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+from collections.abc import Iterator
+from typing import Any
 
 from prefect_cudf_polars.tasks.storage.credentials import S3Access
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
@@ -66,15 +71,35 @@ def parse_s3_url(url: str) -> S3Location:
     """
     if not is_s3_url(url):
         raise ValueError(f"{url!r} is not an s3:// URL (expected s3://bucket/key).")
-    rest = url[len("s3://") :]
-    bucket, _, key = rest.partition("/")
+    bucket, _, key = url[len("s3://") :].partition("/")
     if not bucket:
         raise ValueError(f"{url!r} names no bucket (expected s3://bucket/key).")
     return S3Location(url=url, bucket=bucket, key=key)
 
 
+@contextlib.contextmanager
+def client_errors(
+    location: S3Location, access: S3Access, *, doing: str, bucket_request: bool = False
+) -> Iterator[None]:
+    """
+    Raise what boto3 raises in the block as an :class:`S3AccessError` (:func:`explain_client_error`).
+
+    Raises
+    ------
+    S3AccessError
+        For any exception raised in the block.
+    """
+    try:
+        yield
+    except Exception as exc:
+        raise explain_client_error(
+            exc, url=location.url, bucket=location.bucket, access=access, doing=doing,
+            bucket_request=bucket_request,
+        ) from None
+
+
 def check_bucket(
-    client: object, location: S3Location, access: S3Access, *, doing: str, prefix: str = ""
+    client: Any, location: S3Location, access: S3Access, *, doing: str, prefix: str = ""
 ) -> dict:
     """
     Ask the server for the bucket by listing at most one key under ``prefix``.
@@ -94,19 +119,8 @@ def check_bucket(
     S3AccessError
         ``reason`` ``"no-bucket"``, ``"credentials"``, ``"denied"`` or ``"failed"``.
     """
-    try:
-        return client.list_objects_v2(  # type: ignore[attr-defined]
-            Bucket=location.bucket, Prefix=prefix, MaxKeys=1
-        )
-    except Exception as exc:
-        raise explain_client_error(
-            exc,
-            url=location.url,
-            bucket=location.bucket,
-            access=access,
-            doing=doing,
-            bucket_request=True,
-        ) from None
+    with client_errors(location, access, doing=doing, bucket_request=True):
+        return client.list_objects_v2(Bucket=location.bucket, Prefix=prefix, MaxKeys=1)
 
 
 def check_readable(location: S3Location, access: S3Access) -> None:
@@ -126,21 +140,18 @@ def check_readable(location: S3Location, access: S3Access) -> None:
         Missing bucket, refused credentials, no permission, or no object under
         the URL (``reason="not-found"``).
     """
-    listing = check_bucket(
-        access.client(), location, access, doing="read parquet from",
-        prefix=location.listing_prefix,
-    )
+    prefix = location.listing_prefix
+    listing = check_bucket(access.client(), location, access, doing="read parquet from", prefix=prefix)
     if not listing.get("KeyCount"):
         raise S3AccessError(
             f"Could not read parquet from {location.url}: no object in bucket "
             f"{location.bucket!r} at {access.describe()} starts with "
-            f"{location.listing_prefix!r}. Check the key or pattern, or write the data first.",
-            url=location.url,
-            reason="not-found",
+            f"{prefix!r}. Check the key or pattern, or write the data first.",
+            url=location.url, reason="not-found",
         )
 
 
-def existing_keys(client: object, location: S3Location, access: S3Access) -> list[str]:
+def existing_keys(client: Any, location: S3Location, access: S3Access) -> list[str]:
     """
     Keys already under ``location`` taken as a folder (``prefix/``).
 
@@ -149,14 +160,16 @@ def existing_keys(client: object, location: S3Location, access: S3Access) -> lis
     S3AccessError
         If listing fails.
     """
-    prefix = location.folder_key("")
     keys: list[str] = []
-    try:
-        paginator = client.get_paginator("list_objects_v2")  # type: ignore[attr-defined]
-        for page in paginator.paginate(Bucket=location.bucket, Prefix=prefix):
+    with client_errors(location, access, doing="write parquet to"):
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=location.bucket, Prefix=location.folder_key("")):
             keys.extend(item["Key"] for item in page.get("Contents", []))
-    except Exception as exc:
-        raise explain_client_error(
-            exc, url=location.url, bucket=location.bucket, access=access, doing="write parquet to"
-        ) from None
     return keys
+
+
+def delete_keys(client: Any, location: S3Location, keys: list[str]) -> None:
+    """Delete ``keys`` from the bucket of ``location``, 1000 per request (the ``DeleteObjects`` limit)."""
+    for start in range(0, len(keys), 1000):
+        batch = [{"Key": key} for key in keys[start : start + 1000]]
+        client.delete_objects(Bucket=location.bucket, Delete={"Objects": batch, "Quiet": True})

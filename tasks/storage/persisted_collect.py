@@ -26,10 +26,7 @@ DEFAULT_KEY = "cudf-polars/{flow_run.id}/{task_run.id}"
 
 
 def persisted_collect(
-    result_storage: Any,
-    *,
-    key: str = DEFAULT_KEY,
-    format: Literal["parquet", "ipc"] = "parquet",
+    result_storage: Any, *, key: str = DEFAULT_KEY, format: Literal["parquet", "ipc"] = "parquet",
     **task_options: Any,
 ) -> Task[..., Any]:
     """
@@ -58,10 +55,7 @@ def persisted_collect(
         ``ResultStore(result_storage=...).read(key)`` reads the DataFrame back.
     """
     return collect.with_options(
-        persist_result=True,
-        result_storage=result_storage,
+        persist_result=True, result_storage=result_storage,
         result_serializer=PolarsDataFrameSerializer(format=format),
-        result_storage_key=key,
-        cache_policy=None,
-        **task_options,
+        result_storage_key=key, cache_policy=None, **task_options,
     )

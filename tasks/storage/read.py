@@ -83,29 +83,20 @@ def scan_parquet(
     polars.LazyFrame
     """
     sources = _sources(source)
-    remote = any(is_s3_url(s) for s in sources)
-    if not remote or access is None:
-        return pl.scan_parquet(sources if len(sources) > 1 else sources[0], **scan_options)
-    if backend == "cpu":
-        storage_options = access.storage_options()
-    else:
-        storage_options = {"aws_region": access.region}
-        if access.endpoint_url:
-            storage_options["aws_endpoint_url"] = access.endpoint_url
-    return pl.scan_parquet(
-        sources if len(sources) > 1 else sources[0],
-        storage_options=storage_options,
-        **scan_options,
-    )
+    cloud: dict[str, Any] = {}
+    if access is not None and any(is_s3_url(s) for s in sources):
+        if backend == "cpu":
+            storage_options = access.storage_options()
+        else:
+            storage_options = {"aws_region": access.region}
+            if access.endpoint_url:
+                storage_options["aws_endpoint_url"] = access.endpoint_url
+        cloud["storage_options"] = storage_options
+    return pl.scan_parquet(sources if len(sources) > 1 else sources[0], **cloud, **scan_options)
 
 
 def run_reading_s3(
-    session: EngineSession,
-    access: S3Access,
-    fn: Any,
-    *args: Any,
-    url: str,
-    **kwargs: Any,
+    session: EngineSession, access: S3Access, fn: Any, *args: Any, url: str, **kwargs: Any
 ) -> Any:
     """
     Run an engine call (``session.execute``/``collect``) that reads ``s3://`` objects.
@@ -126,9 +117,8 @@ def run_reading_s3(
         return fn(*args, environment=access.environment(), **kwargs)
     except Exception as exc:
         location = parse_s3_url(url)
-        translated = explain_engine_error(
-            exc, url=url, bucket=location.bucket, access=access, doing="read parquet from"
-        )
+        doing = "read parquet from"
+        translated = explain_engine_error(exc, url=url, bucket=location.bucket, access=access, doing=doing)
         if translated is None and is_remote_read_failure(exc):
             translated = _ask_the_server(location, access, exc)
         if translated is None:
@@ -163,8 +153,7 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
         return S3AccessError(
             f"{answer} (The GPU reader, KvikIO, reported only: "
             f"{scrub((str(exc).strip().splitlines() or [type(exc).__name__])[-1], access)})",
-            url=answer.url,
-            reason=answer.reason,
+            url=answer.url, reason=answer.reason,
         )
     return S3AccessError(
         f"Could not read parquet from {location.url} on the GPU: the reader (libcudf "
@@ -172,8 +161,7 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
         f"although {access.describe()} lists the objects with the same credentials. Check "
         "that AWS_* variables of this process do not override the block, and that the "
         "objects are parquet files.",
-        url=location.url,
-        reason="failed",
+        url=location.url, reason="failed",
     )
 
 
@@ -184,11 +172,8 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
     **gpu_task_defaults(),
 )
 def read_parquet(
-    source: str | list[str],
-    credentials: AwsCredentials | None = None,
-    columns: list[str] | None = None,
-    predicate: pl.Expr | None = None,
-    name: str | None = None,
+    source: str | list[str], credentials: AwsCredentials | None = None, columns: list[str] | None = None,
+    predicate: pl.Expr | None = None, name: str | None = None,
 ) -> GPUResult:
     """
     Read parquet from ``s3://`` URLs or local paths into a result on the engine.
@@ -230,7 +215,9 @@ def read_parquet(
     NoEngineSessionError
         If the flow run has no engine session.
     ValueError
-        If ``source`` is an empty list.
+        If ``source`` is an empty list, or the block's endpoint URL is not ``http(s)://``.
+    TypeError
+        If ``credentials`` is not an ``AwsCredentials`` block (``s3://`` sources).
     """
     sources = _sources(source)
     remote = [s for s in sources if is_s3_url(s)]

@@ -41,13 +41,9 @@ from prefect_cudf_polars.tasks.calls import EngineCall, retry_unless_cannot_reco
 from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.storage.location import (
-    S3Location,
-    check_bucket,
-    existing_keys,
-    is_s3_url,
-    parse_s3_url,
+    S3Location, check_bucket, client_errors, delete_keys, existing_keys, is_s3_url, parse_s3_url,
 )
-from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
+from prefect_cudf_polars.tasks.storage.errors import S3AccessError
 from prefect_cudf_polars.tasks.storage.run_names import sink_parquet_run_name
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
@@ -108,21 +104,10 @@ def _check_s3_target(location: S3Location, access: S3Access, *, overwrite: bool)
             f"Could not write parquet to {location.url}: the prefix already holds "
             f"{len(keys)} object(s) (e.g. {keys[0]!r}). Give a new prefix, or pass "
             "overwrite=True to delete them first.",
-            url=location.url,
-            reason="exists",
+            url=location.url, reason="exists",
         )
-    for start in range(0, len(keys), 1000):
-        batch = keys[start : start + 1000]
-        try:
-            client.delete_objects(
-                Bucket=location.bucket,
-                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-            )
-        except Exception as exc:
-            raise explain_client_error(
-                exc, url=location.url, bucket=location.bucket, access=access,
-                doing="write parquet to",
-            ) from None
+    with client_errors(location, access, doing="write parquet to"):
+        delete_keys(client, location, keys)
     return client
 
 
@@ -139,25 +124,19 @@ def _upload(
     for path in files:
         key = location.folder_key(path.relative_to(folder).as_posix())
         try:
-            client.upload_file(str(path), location.bucket, key)
-        except Exception as exc:
-            error = explain_client_error(
-                exc, url=location.url, bucket=location.bucket, access=access,
-                doing="write parquet to",
-            )
+            with client_errors(location, access, doing="write parquet to"):
+                client.upload_file(str(path), location.bucket, key)
+        except S3AccessError as error:
             cleaned = "deleted again"
             try:  # the prefix is empty again, as the task found it: a retry can write it
-                for start in range(0, len(keys), 1000):
-                    batch = [{"Key": k} for k in keys[start : start + 1000]]
-                    client.delete_objects(Bucket=location.bucket, Delete={"Objects": batch, "Quiet": True})
+                delete_keys(client, location, keys)
             except Exception:
                 cleaned = "left in place (deleting them failed too)"
             raise S3AccessError(
                 f"{error} The engine had written all {len(files)} part file(s); the {len(keys)} "
                 f"uploaded were {cleaned}, and every part is kept in {str(folder)!r} for you to "
                 "upload or inspect.",
-                url=location.url,
-                reason=error.reason,
+                url=location.url, reason=error.reason,
             ) from None
         keys.append(key)
     return [f"s3://{location.bucket}/{k}" for k in keys]
@@ -170,12 +149,8 @@ def _upload(
     **gpu_task_defaults(returns_gpu_result=False),
 )
 def sink_parquet(
-    result: GPUResult,
-    target: str,
-    credentials: AwsCredentials | None = None,
-    overwrite: bool = False,
-    compression: str = "zstd",
-    staging_dir: str | None = None,
+    result: GPUResult, target: str, credentials: AwsCredentials | None = None, overwrite: bool = False,
+    compression: str = "zstd", staging_dir: str | None = None,
 ) -> ParquetSinkSummary:
     """
     Write a result to parquet from the engine (the GPU on GPU backends) and consume it.
@@ -216,16 +191,17 @@ def sink_parquet(
         lack permission, or the prefix is not empty without ``overwrite``. After
         writing: an upload failed (the staged files are kept; the message says where).
     ValueError
-        Unknown ``compression``.
+        Unknown ``compression``, or the block's endpoint URL is not ``http(s)://``.
+    TypeError
+        If ``result`` is not a :class:`GPUResult`, or ``credentials`` is not an
+        ``AwsCredentials`` block (``s3://`` targets).
     ResultReleasedError, ResultConsumedError, WrongEngineError
         If ``result`` cannot be read in this session (checked before anything is written).
     NoEngineSessionError
         If the flow run has no engine session.
     """
     if compression not in COMPRESSIONS:
-        raise ValueError(
-            f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}."
-        )
+        raise ValueError(f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}.")
     if not isinstance(result, GPUResult):
         raise TypeError(f"sink_parquet takes a GPUResult, not {type(result).__name__}; write host data with polars.")
     remote = is_s3_url(target)
@@ -270,8 +246,7 @@ def sink_parquet(
         target=target if remote else str(folder), files=written, rows=rows, bytes=size,
         backend=session.backend or "unknown",
     )
-    record_written(
-        asset,
-        {"rows": rows, "bytes": size, "schema": schema, "backend": summary.backend, "files": len(written)},
-    )
+    record_written(asset, {
+        "rows": rows, "bytes": size, "schema": schema, "backend": summary.backend, "files": len(written)
+    })
     return summary
