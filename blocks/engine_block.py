@@ -33,30 +33,25 @@ _SPILL_LIMIT = re.compile(r"^(?:(?P<percent>\d+(?:\.\d+)?)%|(?P<bytes>\d+))$")
 # Keys Prefect 3.9's Block serializer adds to a block's data (Block.ser_model,
 # Block.validate_block_type_slug); a saved block's document carries them.
 _PREFECT_BLOCK_KEYS = frozenset(
-    {"block_type_slug", "_block_document_id", "_block_document_name", "_is_anonymous"}
-)
+    {"block_type_slug", "_block_document_id", "_block_document_name", "_is_anonymous"})
 
 #: ``StreamingExecutor``'s init fields in cudf-polars 26.10, for machines where it cannot be imported.
-STREAMING_EXECUTOR_FIELDS = frozenset(
-    {
-        "broadcast_limit", "client_device_threshold", "cluster", "dask_context", "dynamic_planning",
-        "fallback_mode", "join_filter_pushdown", "kvikio_bounce_buffer_bytes", "kvikio_nthreads",
-        "kvikio_reactor_count", "kvikio_reactor_dispatch", "kvikio_remote_io_backend",
-        "kvikio_request_ceiling", "kvikio_statistics", "kvikio_task_size", "max_concurrent_io_tasks",
-        "max_rows_per_partition", "min_device_size", "num_py_executors", "quent_context",
-        "ray_context", "sink_to_directory", "spmd_context", "target_partition_size",
-    }
-)
+STREAMING_EXECUTOR_FIELDS = frozenset({
+    "broadcast_limit", "client_device_threshold", "cluster", "dask_context", "dynamic_planning",
+    "fallback_mode", "join_filter_pushdown", "kvikio_bounce_buffer_bytes", "kvikio_nthreads",
+    "kvikio_reactor_count", "kvikio_reactor_dispatch", "kvikio_remote_io_backend", "kvikio_request_ceiling",
+    "kvikio_statistics", "kvikio_task_size", "max_concurrent_io_tasks", "max_rows_per_partition",
+    "min_device_size", "num_py_executors", "quent_context", "ray_context", "sink_to_directory",
+    "spmd_context", "target_partition_size",
+})
 
 #: Keys cudf-polars sets itself for the backend (``cudf_polars.engine.core._RESERVED_EXECUTOR_KEYS``, 26.10).
 RESERVED_EXECUTOR_KEYS = frozenset({"cluster", "spmd_context", "ray_context", "dask_context"})
 
 #: rmm memory resources a user picks by name (``device_memory_resource``).
 MEMORY_RESOURCES: dict[str, str] = {
-    "async": "rmm.mr.CudaAsyncMemoryResource",
-    "pool": "rmm.mr.PoolMemoryResource",
-    "managed": "rmm.mr.ManagedMemoryResource",
-    "cuda": "rmm.mr.CudaMemoryResource",
+    "async": "rmm.mr.CudaAsyncMemoryResource", "pool": "rmm.mr.PoolMemoryResource",
+    "managed": "rmm.mr.ManagedMemoryResource", "cuda": "rmm.mr.CudaMemoryResource",
 }
 
 
@@ -191,62 +186,37 @@ class CudfPolarsEngine(Block):
     )
 
     backend: Backend = Field(
-        default="auto",
-        description="auto: spmd with one GPU, dask with several; cpu: polars CPU engine.",
-    )
+        default="auto", description="auto: spmd with one GPU, dask with several; cpu: polars CPU engine.")
     cpu_fallback: bool = Field(
-        default=False,
-        description="With no usable GPU, warn and use the cpu backend instead of failing.",
-    )
-    raise_on_fail: bool = Field(
-        default=True,
-        description="Fail a query cudf-polars cannot run on the GPU instead of running it on the CPU.",
-    )
+        default=False, description="With no usable GPU, warn and use the cpu backend instead of failing.")
+    raise_on_fail: bool = Field(default=True, description="Fail a query cudf-polars cannot run on the GPU "
+                                "instead of running it on the CPU.")
     target_partition_size: int | None = Field(
-        default=None, gt=0, description="Target IO partition size in bytes."
-    )
-    max_rows_per_partition: int | None = Field(
-        default=None, gt=0, description="Most rows in one partition."
-    )
+        default=None, gt=0, description="Target IO partition size in bytes.")
+    max_rows_per_partition: int | None = Field(default=None, gt=0, description="Most rows in one partition.")
     spill_device_limit: int | str | None = Field(
-        default=None,
-        description='Spill to host above this device memory use: a percentage of GPU memory ("80%") '
-        "or a number of bytes.",
-    )
+        default=None, description="Spill to host above this device memory use: a percentage of GPU memory "
+        '("80%") or a number of bytes.')
     device_memory_resource: Literal["async", "pool", "managed", "cuda"] = Field(
-        default="async", description="rmm memory resource."
-    )
+        default="async", description="rmm memory resource.")
     device_memory_pool_size: int | None = Field(
-        default=None, gt=0, description="Initial pool size in bytes (async and pool)."
-    )
+        default=None, gt=0, description="Initial pool size in bytes (async and pool).")
     dask_scheduler_address: str | None = Field(
-        default=None,
-        description="backend dask: scheduler of an existing GPU cluster (never shut down); "
-        "empty starts a LocalCUDACluster the session owns.",
-    )
+        default=None, description="backend dask: scheduler of an existing GPU cluster (never shut down); "
+        "empty starts a LocalCUDACluster the session owns.")
     dask_connect_timeout: float = Field(
-        default=30.0, gt=0, description="Seconds to wait for dask_scheduler_address to answer."
-    )
+        default=30.0, gt=0, description="Seconds to wait for dask_scheduler_address to answer.")
     ray_address: str | None = Field(
-        default=None,
-        description="backend ray: address of an existing Ray cluster (never stopped); "
-        "empty starts a new local Ray the session stops (even when RAY_ADDRESS is set).",
-    )
+        default=None, description="backend ray: address of an existing Ray cluster (never stopped); "
+        "empty starts a new local Ray the session stops (even when RAY_ADDRESS is set).")
     teardown_timeout: float = Field(
-        default=20.0,
-        gt=0,
-        description="Seconds the session's end waits for the engine to release results and "
-        "shut down; then results are marked released without it and a warning is logged.",
-    )
+        default=20.0, gt=0, description="Seconds the session's end waits for the engine to release results "
+        "and shut down; then results are marked released without it and a warning is logged.")
     executor_options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="More cudf-polars streaming executor options, passed as they are.",
-    )
+        default_factory=dict, description="More cudf-polars streaming executor options, passed as they are.")
     result_artifacts: bool = Field(
-        default=False,
-        description="One artifact per result on the task run that produced it (an API call each); "
-        "the result.created event and the flow run's summary artifact carry the same facts.",
-    )
+        default=False, description="One artifact per result on the task run that produced it (an API call "
+        "each); the result.created event and the flow run's summary artifact carry the same facts.")
 
     #: What :meth:`session` builds. The block is configuration, below the session in the
     #: import order, so :mod:`prefect_cudf_polars.blocks.session` sets this when it is
@@ -258,37 +228,25 @@ class CudfPolarsEngine(Block):
     def _refuse_unknown_fields(cls, values: Any) -> Any:
         # Prefect's Block keeps unknown keyword arguments (extra="allow"), so a
         # misspelled field would be dropped silently; refuse it instead.
-        if isinstance(values, dict):
-            for key in values:
-                if key not in cls.model_fields and key not in _PREFECT_BLOCK_KEYS:
-                    raise ValueError(
-                        f"unknown field {key!r}{_did_you_mean(key, cls.model_fields)}; "
-                        f"CudfPolarsEngine's fields are: {', '.join(cls.model_fields)}"
-                    )
+        for key in values if isinstance(values, dict) else ():
+            if key not in cls.model_fields and key not in _PREFECT_BLOCK_KEYS:
+                raise ValueError(f"unknown field {key!r}{_did_you_mean(key, cls.model_fields)}; "
+                                 f"CudfPolarsEngine's fields are: {', '.join(cls.model_fields)}")
         return values
 
     @field_validator("spill_device_limit", mode="before")
     @classmethod
     def _check_spill_limit(cls, value: Any) -> int | str | None:
-        if value is None:
-            return None
-        allowed = (
-            'a percentage of GPU memory above 0% and at most 100% ("80%") or a positive '
-            'number of bytes (60_000_000_000 or "60000000000")'
-        )
-        if isinstance(value, float) and not isinstance(value, bool):
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        allowed = ('a percentage of GPU memory above 0% and at most 100% ("80%") or a positive '
+                   'number of bytes (60_000_000_000 or "60000000000")')
+        if isinstance(value, float):
             hint = f' (for a fraction of GPU memory write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
             raise ValueError(f"spill_device_limit={value!r} is a float, not {allowed}{hint}")
-        if isinstance(value, int) and not isinstance(value, bool):
-            if value <= 0:
-                raise ValueError(f"spill_device_limit={value!r} is not {allowed}")
-            return value
-        if not isinstance(value, str):
-            raise ValueError(f"spill_device_limit={value!r} is not {allowed}")
-        match = _SPILL_LIMIT.match(value.strip())
+        match = _SPILL_LIMIT.match(value.strip()) if isinstance(value, str) else None
         fits = match is not None and (
-            0 < float(match["percent"]) <= 100 if match["percent"] else int(match["bytes"]) > 0
-        )
+            0 < float(match["percent"]) <= 100 if match["percent"] else int(match["bytes"]) > 0)
         if not fits:
             raise ValueError(f"spill_device_limit={value!r} is not {allowed}")
         return value.strip()
@@ -297,33 +255,23 @@ class CudfPolarsEngine(Block):
     @classmethod
     def _check_executor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
         if bad := sorted(RESERVED_EXECUTOR_KEYS & value.keys()):
-            raise ValueError(
-                f"executor_options may not set {bad}: cudf-polars sets them for the backend"
-            )
+            raise ValueError(f"executor_options may not set {bad}: cudf-polars sets them for the backend")
         if bad := sorted(_NAMED_EXECUTOR_KEYS & value.keys()):
-            raise ValueError(
-                f"executor_options may not set {bad}: use the block field of that name"
-            )
+            raise ValueError(f"executor_options may not set {bad}: use the block field of that name")
         fields, source = streaming_executor_fields()
         allowed = sorted(fields - RESERVED_EXECUTOR_KEYS - _NAMED_EXECUTOR_KEYS)
         if unknown := sorted(value.keys() - set(allowed)):
             raise ValueError(
-                f"executor_options key {unknown[0]!r} is not a {source} streaming executor "
-                f"option{_did_you_mean(unknown[0], allowed)}; the options allowed here: "
-                f"{', '.join(allowed)}"
+                f"executor_options key {unknown[0]!r} is not a {source} streaming executor option"
+                f"{_did_you_mean(unknown[0], allowed)}; the options allowed here: {', '.join(allowed)}"
             )
         return value
 
     @model_validator(mode="after")
     def _check_pool_size(self) -> CudfPolarsEngine:
-        if self.device_memory_pool_size is not None and self.device_memory_resource not in (
-            "async",
-            "pool",
-        ):
-            raise ValueError(
-                "device_memory_pool_size applies to device_memory_resource 'async' or "
-                f"'pool', not {self.device_memory_resource!r}"
-            )
+        if self.device_memory_pool_size is not None and self.device_memory_resource not in ("async", "pool"):
+            raise ValueError("device_memory_pool_size applies to device_memory_resource 'async' or "
+                             f"'pool', not {self.device_memory_resource!r}")
         return self
 
     def memory_resource_config(self) -> dict[str, Any] | None:
@@ -354,10 +302,8 @@ class CudfPolarsEngine(Block):
         Unset fields stay unset, so cudf-polars' environment variables
         (``CUDF_POLARS__*``) and defaults apply to them.
         """
-        named = {
-            "target_partition_size": self.target_partition_size,
-            "max_rows_per_partition": self.max_rows_per_partition,
-        }
+        named = {"target_partition_size": self.target_partition_size,
+                 "max_rows_per_partition": self.max_rows_per_partition}
         return {**{k: v for k, v in named.items() if v is not None}, **self.executor_options}
 
     def engine_kwargs(self) -> dict[str, Any]:
@@ -478,10 +424,9 @@ def _not_found(name: str, exc: ValueError) -> ValueError:
     if "Unable to find block document" not in str(exc):
         return exc
     return BlockNotFoundError(
-        f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save "
-        f"one with `prefect-cudf-polars save-engine {name} --backend auto` (or "
-        f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with "
-        "`prefect block ls`."
+        f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save one with "
+        f"`prefect-cudf-polars save-engine {name} --backend auto` (or "
+        f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with `prefect block ls`."
     )
 
 

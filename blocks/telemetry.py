@@ -40,9 +40,10 @@ import contextvars
 import inspect
 import logging
 import re
+from collections.abc import Iterable
 from typing import Any
 
-from prefect.logging import get_logger
+from prefect.logging.loggers import flow_run_logger, get_logger
 
 from prefect_cudf_polars.blocks.active import PROVIDER
 from prefect_cudf_polars.blocks.backends.compat import without_prefect_run_context
@@ -77,12 +78,9 @@ SERVED_WARNING = (
 
 def run_resources(flow_run_id: Any = None, task_run_id: Any = None, *, role: str = "task-run") -> list[dict[str, str]]:
     """Prefect related resources naming a flow run and a task run (either may be ``None``)."""
-    related = []
-    if flow_run_id is not None:
-        related.append({"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"})
-    if task_run_id is not None:
-        related.append({"prefect.resource.id": f"prefect.task-run.{task_run_id}", "prefect.resource.role": role})
-    return related
+    runs = (("flow-run", flow_run_id, "flow-run"), ("task-run", task_run_id, role))
+    return [{"prefect.resource.id": f"prefect.{kind}.{run_id}", "prefect.resource.role": run_role}
+            for kind, run_id, run_role in runs if run_id is not None]
 
 
 def emit(event: str, resource: dict[str, str], payload: dict[str, Any], related: list[dict[str, str]] = []) -> None:  # noqa: B006
@@ -103,22 +101,16 @@ def emit(event: str, resource: dict[str, str], payload: dict[str, Any], related:
         emit_event(event=event, resource=resource, related=related, payload=payload)
 
     try:
-        if FlowRunContext.get() is None and TaskRunContext.get() is None:
-            without_prefect_run_context(send)
-        else:
-            contextvars.copy_context().run(send)
+        outside_runs = FlowRunContext.get() is None and TaskRunContext.get() is None
+        (without_prefect_run_context if outside_runs else contextvars.copy_context().run)(send)
     except Exception as exc:  # an API that is down must not fail a query
         logger.warning("Could not emit Prefect event %s: %s", event, exc)
 
 
 def result_resource(result: Any) -> dict[str, str]:
     """The resource of a result event."""
-    return {
-        "prefect.resource.id": f"prefect-cudf-polars.result.{result.id}",
-        "prefect.resource.name": result.name,
-        "backend": result.backend,
-        "session-id": result.session_id,
-    }
+    return {"prefect.resource.id": f"prefect-cudf-polars.result.{result.id}",
+            "prefect.resource.name": result.name, "backend": result.backend, "session-id": result.session_id}
 
 
 def format_bytes(value: int | None) -> str:
@@ -131,13 +123,14 @@ def summary_key(flow_name: str) -> str:
     return f"{re.sub(r'[^a-z0-9-]+', '-', flow_name.lower()).strip('-') or 'flow'}-cudf-polars-session"
 
 
+#: Top-level modules whose frames :func:`user_stacklevel` steps past.
+_PAST_FRAMES = ("prefect_cudf_polars", "prefect", "contextlib")
+
+
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes ``warnings.warn`` name the user's line, past this package's, Prefect's and contextlib's frames."""
-    frame, level = inspect.currentframe(), 1
-    frame = frame.f_back if frame is not None else None  # the function that warns
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in (
-        "prefect_cudf_polars", "prefect", "contextlib"
-    ):
+    frame, level = getattr(inspect.currentframe(), "f_back", None), 1  # starting at the function that warns
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _PAST_FRAMES:
         frame, level = frame.f_back, level + 1
     return level
 
@@ -146,14 +139,19 @@ def _limited(plan: str) -> str:
     return plan if len(plan) <= PLAN_LIMIT else f"{plan[:PLAN_LIMIT]}\n... ({len(plan) - PLAN_LIMIT:,} more characters)"
 
 
-def _table(rows: list[tuple[str, Any]]) -> str:
-    return "| figure | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
+def _row(cells: Iterable[Any]) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def _table(rows: Iterable[Iterable[Any]], head: tuple[str, ...] = ("figure", "value")) -> str:
+    """A markdown table: its header, then one line a row."""
+    return f"{_row(head)}\n{'|---' * len(head)}|\n" + "\n".join(map(_row, rows)) + "\n"
 
 
 def result_markdown(result: Any, plan: str, memory: int | None, gpus: list[str]) -> str:
     """The markdown of one result's artifact (``result_artifacts``): where it lives, its size, schema, plan."""
     ranks = ", ".join(f"{r} ({gpus[r]})" if r < len(gpus) else str(r) for r in result.ranks) or "none"
-    schema = "\n".join(f"| `{name}` | `{dtype}` |" for name, dtype in result.schema.items())
+    schema = [(f"`{name}`", f"`{dtype}`") for name, dtype in result.schema.items()]
     fused = "".join(f"* `{s.name}`, deferred by {s.produced_by}\n" for s in result.fused)
     kind = "deferred step (runs fused into the task run that reads it)" if result.deferred else "result"
     return (
@@ -166,7 +164,7 @@ def result_markdown(result: Any, plan: str, memory: int | None, gpus: list[str])
             ("result id", f"`{result.id}`"),
         ])
         + (f"\n#### Deferred steps fused in, upstream first\n\n{fused}" if fused else "")
-        + f"\n#### Output schema ({len(result.schema)} columns)\n\n| column | dtype |\n|---|---|\n{schema}\n"
+        + f"\n#### Output schema ({len(schema)} columns)\n\n{_table(schema, ('column', 'dtype'))}"
         + f"\n#### Query plan (as the engine ran it)\n\n```\n{plan}\n```\n"
     )
 
@@ -190,8 +188,7 @@ class SessionTelemetry:
     """
 
     def __init__(self, session_id: str, result_artifacts: bool) -> None:
-        self.session_id = session_id
-        self.result_artifacts = result_artifacts
+        self.session_id, self.result_artifacts = session_id, result_artifacts
         self.flow_run: Any = None
         self.flow: Any = None
         self.muted = False
@@ -203,8 +200,7 @@ class SessionTelemetry:
 
     def note(self, reading: Any) -> Any:
         """Keep the peaks of an engine reading (bytes, in total and per rank); returns the reading."""
-        if reading.memory is not None and (self.peak is None or reading.memory > self.peak):
-            self.peak = reading.memory
+        self.peak = max((value for value in (self.peak, reading.memory) if value is not None), default=None)
         for rank, value in enumerate(reading.per_rank):
             if value is not None and value > self.peak_per_rank.get(rank, -1):
                 self.peak_per_rank[rank] = value
@@ -216,19 +212,12 @@ class SessionTelemetry:
 
     def log(self, level: int, msg: str, *args: Any) -> None:
         """One line in the flow run's log (Python logging before the flow run is known, or when muted)."""
-        if self.flow_run is not None and not self.muted:
-            from prefect.logging.loggers import flow_run_logger
-
-            flow_run_logger(flow_run=self.flow_run, flow=self.flow).log(level, msg, *args)
-        else:
-            logger.log(level, msg, *args)
+        to_flow_run = self.flow_run is not None and not self.muted
+        (flow_run_logger(self.flow_run, self.flow) if to_flow_run else logger).log(level, msg, *args)
 
     def _session_resource(self) -> dict[str, str]:
-        return {
-            "prefect.resource.id": f"prefect-cudf-polars.engine-session.{self.session_id}",
-            "prefect.resource.name": f"cudf-polars engine ({self.backend})",
-            "backend": str(self.backend),
-        }
+        return {"prefect.resource.id": f"prefect-cudf-polars.engine-session.{self.session_id}",
+                "prefect.resource.name": f"cudf-polars engine ({self.backend})", "backend": str(self.backend)}
 
     def _emit(self, event: str, resource: dict[str, str], payload: dict[str, Any], related: list[dict[str, str]]) -> None:
         if not self.muted:
@@ -236,13 +225,13 @@ class SessionTelemetry:
 
     def started(self, description: dict[str, Any], start_seconds: float, fallback_warning: str | None) -> None:
         """The session's first use inside its flow run: the start line, ``engine.started``."""
-        versions = ", ".join(f"{k} {v}" for k, v in description.get("versions", {}).items())
+        ranks, versions = description.get("ranks", 1), description.get("versions", {})
         gpus = self.gpus = list(description.get("gpus") or [])
         self.log(
             logging.INFO,
             "cudf-polars engine session started: backend=%s (%s); %s; %s rank(s); %s; engine start %.2f s",
             self.backend, description.get("note", ""), f"{len(gpus)} GPU(s): {', '.join(gpus)}" if gpus else "no GPU in use",
-            description.get("ranks", 1), versions, start_seconds,
+            ranks, ", ".join(f"{k} {v}" for k, v in versions.items()), start_seconds,
         )
         if description.get("cluster") or description.get("dashboard"):
             self.log(logging.INFO, "cudf-polars cluster: %s; dashboard %s", description.get("cluster", "?"),
@@ -250,9 +239,8 @@ class SessionTelemetry:
         if fallback_warning:
             self.log(logging.WARNING, "%s", fallback_warning)
         self._emit(ENGINE_STARTED, self._session_resource(), {
-            "backend": self.backend, "gpus": gpus, "ranks": description.get("ranks", 1),
-            "versions": description.get("versions", {}), "engine_start_s": start_seconds,
-            "fallback_warning": fallback_warning,
+            "backend": self.backend, "gpus": gpus, "ranks": ranks, "versions": versions,
+            "engine_start_s": start_seconds, "fallback_warning": fallback_warning,
         }, run_resources(getattr(self.flow_run, "id", None)))
 
     def result_created(self, result: Any, plan: str | None, memory: int | None, engine_plan: str | None = None) -> None:
@@ -313,10 +301,9 @@ class SessionTelemetry:
         """The session closed: the end line and warnings, the summary artifact, ``engine.stopped``."""
         counts, memory, timings = summary["counts"], summary["memory"], summary["timings"]
         self.log(
-            logging.INFO,
-            "cudf-polars engine session ended: backend=%s, results produced %d, consumed %d, released "
-            "unconsumed %d; %s at start %s, peak %s, held at the end %s (bytes); engine start %.2f s, "
-            "shutdown %.2f s on thread %s",
+            logging.INFO, "cudf-polars engine session ended: backend=%s, results produced %d, consumed %d, "
+            "released unconsumed %d; %s at start %s, peak %s, held at the end %s (bytes); engine start "
+            "%.2f s, shutdown %.2f s on thread %s",
             summary["backend"], counts["produced"], counts["consumed"], counts["released_unconsumed"],
             "host store" if summary["backend"] == "cpu" else "device memory (rmm statistics)",
             memory.get("at_start"), summary["peak_memory"], memory.get("at_end"),
@@ -344,9 +331,7 @@ class SessionTelemetry:
             ("results produced", counts["produced"]), ("results consumed", counts["consumed"]),
             ("results released unconsumed", counts["released_unconsumed"]),
             ("peak memory", format_bytes(summary["peak_memory"])),
-        ]
-        rows += [(f"peak memory rank {r}", format_bytes(v)) for r, v in sorted(summary["peak_memory_per_rank"].items())]
-        rows += [
+            *((f"peak memory rank {r}", format_bytes(v)) for r, v in sorted(summary["peak_memory_per_rank"].items())),
             ("memory at start", format_bytes(summary["memory"].get("at_start"))),
             ("memory held at the end", format_bytes(summary["memory"].get("at_end"))),
             ("memory measured as", "host store of the cpu backend" if summary["backend"] == "cpu"
@@ -356,28 +341,23 @@ class SessionTelemetry:
             ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),
             ("session id", f"`{summary['session_id']}`"),
         ]
-        results = "\n".join(
-            f"| `{r['name']}` | {r['produced_by']} | {r['state']} | {'deferred' if r['deferred'] else r['rows']} | "
-            f"{format_bytes(r['bytes']) if r['bytes'] is not None else ''} | {r['partitions']} | {r['engine_seconds']:.3f} |"
-            for r in self._results.values()
-        )
+        results = [
+            (f"`{r['name']}`", r["produced_by"], r["state"], "deferred" if r["deferred"] else r["rows"],
+             format_bytes(r["bytes"]) if r["bytes"] is not None else "", r["partitions"],
+             f"{r['engine_seconds']:.3f}") for r in self._results.values()
+        ]
         markdown = (
-            "### cudf-polars engine session summary\n\n" + _table(rows)
-            + f"\n#### Results ({len(self._results)})\n\n"
-            "| result | produced by | at the end | rows | bytes | partitions | engine s |\n|---|---|---|---|---|---|---|\n"
-            + results + "\n"
+            f"### cudf-polars engine session summary\n\n{_table(rows)}\n#### Results ({len(results)})\n\n"
+            + _table(results, ("result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s"))
         )
-        description = (
-            f"cudf-polars engine session ({summary['backend']}): results produced {counts['produced']}, consumed "
-            f"{counts['consumed']}, released unconsumed {counts['released_unconsumed']}; peak memory "
-            f"{format_bytes(summary['peak_memory'])}"
-        )
+        description = (f"cudf-polars engine session ({summary['backend']}): results produced {counts['produced']}, "
+                       f"consumed {counts['consumed']}, released unconsumed {counts['released_unconsumed']}; "
+                       f"peak memory {format_bytes(summary['peak_memory'])}")
         flow_name = getattr(self.flow, "name", None) or getattr(self.flow_run, "name", "flow")
         try:
+            artifact = ArtifactCreate(key=summary_key(flow_name), type="markdown", data=markdown,
+                                      description=description, flow_run_id=flow_run_id)
             with get_client(sync_client=True) as client:
-                client.create_artifact(artifact=ArtifactCreate(
-                    key=summary_key(flow_name), type="markdown", data=markdown,
-                    description=description, flow_run_id=flow_run_id,
-                ))
+                client.create_artifact(artifact=artifact)
         except Exception as exc:
             logger.warning("Could not write the summary artifact of engine session %s: %s", self.session_id, exc)
