@@ -59,6 +59,8 @@ RESULT_RELEASED = "prefect_cudf_polars.result.released"
 
 #: Most characters of a plan in an event or an artifact.
 PLAN_LIMIT = 8_000
+#: Most results listed in the summary artifact (the first ones produced; each has its ``result.created`` event).
+SUMMARY_RESULTS = 500
 
 NOT_STARTED_LINE = (
     "cudf-polars engine not started: no GPU task ran in this flow run (the engine starts at the first GPU task)"
@@ -197,6 +199,7 @@ class SessionTelemetry:
         self.peak: int | None = None
         self.peak_per_rank: dict[int, int] = {}
         self._results: dict[str, dict[str, Any]] = {}  # result id -> its row in the summary
+        self._unlisted = 0  # results past SUMMARY_RESULTS
 
     def note(self, reading: Any) -> Any:
         """Keep the peaks of an engine reading (bytes, in total and per rank); returns the reading."""
@@ -251,11 +254,13 @@ class SessionTelemetry:
         optimized plan the engine ran (the artifact's, when asked for).
         """
         plan = _limited(plan or "(the same plan as the result it was split from)")
-        self._results[result.id] = {
-            "name": result.name, "produced_by": result.produced_by, "state": "live", "rows": result.rows,
-            "bytes": result.bytes, "partitions": result.partitions, "engine_seconds": result.engine_seconds,
-            "deferred": result.deferred, "producer": result.produced_by_task_run_id,
-        }
+        self._unlisted += len(self._results) >= SUMMARY_RESULTS
+        if len(self._results) < SUMMARY_RESULTS:
+            self._results[result.id] = {
+                "name": result.name, "produced_by": result.produced_by, "state": "live", "rows": result.rows,
+                "bytes": result.bytes, "partitions": result.partitions, "engine_seconds": result.engine_seconds,
+                "deferred": result.deferred, "producer": result.produced_by_task_run_id,
+            }
         self._emit(RESULT_CREATED, result_resource(result), {
             "name": result.name, "backend": result.backend, "ranks": list(result.ranks),
             "partitions": result.partitions, "schema": {k: str(v) for k, v in result.schema.items()},
@@ -346,9 +351,11 @@ class SessionTelemetry:
              format_bytes(r["bytes"]) if r["bytes"] is not None else "", r["partitions"],
              f"{r['engine_seconds']:.3f}") for r in self._results.values()
         ]
+        more = self._unlisted
         markdown = (
-            f"### cudf-polars engine session summary\n\n{_table(rows)}\n#### Results ({len(results)})\n\n"
+            f"### cudf-polars engine session summary\n\n{_table(rows)}\n#### Results ({len(results) + more})\n\n"
             + _table(results, ("result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s"))
+            + (f"\n... and {more} more (each in its `result.created` event)\n" if more > 0 else "")
         )
         description = (f"cudf-polars engine session ({summary['backend']}): results produced {counts['produced']}, "
                        f"consumed {counts['consumed']}, released unconsumed {counts['released_unconsumed']}; "

@@ -51,7 +51,8 @@ def summary_results(text: str) -> list[dict[str, str]]:
         dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True))
         for line in lines[2:] if line.startswith("|")
     ]
-    assert len(rows) == int(header[1]), text
+    more = re.search(r"^\.\.\. and (\d+) more", text, re.MULTILINE)
+    assert len(rows) + (int(more[1]) if more else 0) == int(header[1]), text
     return rows
 
 
@@ -214,6 +215,20 @@ def test_every_gpu_task_run_of_a_wide_flow_is_listed_in_the_session_summary(cpu_
         assert row["rows"] == str(table.filter(pl.col("customer") == i % 7).height)
     # The summary is the flow run's only artifact.
     assert [a.key for a in artifacts_of(flow_run_id=flow_run_id)] == [telemetry.summary_key("wide")]
+
+
+def test_the_summary_lists_the_first_results_and_counts_the_rest(cpu_block, orders, monkeypatch):
+    monkeypatch.setattr(telemetry, "SUMMARY_RESULTS", 3)
+
+    @flow(name="capped", task_runner=CudfPolarsTaskRunner(cpu_block))
+    def capped() -> None:
+        for i in range(5):
+            execute(pl.scan_parquet(orders), name=f"orders-{i}")
+
+    text = summary_text(_run(capped), "capped")
+    assert "#### Results (5)" in text and "| results produced | 5 |" in text
+    assert [row["result"] for row in summary_results(text)] == ["`orders-0`", "`orders-1`", "`orders-2`"]
+    assert "... and 2 more (each in its `result.created` event)" in text
 
 
 def test_a_refused_persistence_request_is_an_artifact_on_the_task_run(orders):
