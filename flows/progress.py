@@ -64,8 +64,7 @@ class StepProgress:
             return None
         try:
             return create_progress_artifact(
-                progress=0.0,
-                key=self.key,
+                progress=0.0, key=self.key,
                 description=f"Steps done of {len(self.steps)}: " + ", ".join(self.steps),
             )
         except Exception as exc:  # the UI's view must not fail the run
@@ -89,18 +88,15 @@ class StepProgress:
 
             try:
                 update_progress_artifact(
-                    artifact_id=self.artifact_id,
-                    progress=self.percent,
-                    description=f"{len(self.done_steps)}/{len(self.steps)} steps done; "
-                    f"last: {step}",
+                    artifact_id=self.artifact_id, progress=self.percent,
+                    description=f"{len(self.done_steps)}/{len(self.steps)} steps done; last: {step}",
                 )
             except Exception as exc:
                 logger.warning("Could not update the progress artifact %r: %s", self.key, exc)
         line = Table.grid(padding=(0, 1))
         line.add_row(
             ProgressBar(total=len(self.steps), completed=len(self.done_steps), width=24),
-            f"{len(self.done_steps)}/{len(self.steps)}",
-            f"[bold]{step}[/bold]",
+            f"{len(self.done_steps)}/{len(self.steps)}", f"[bold]{step}[/bold]",
             f"{detail}  (+{time.perf_counter() - self._started:.1f} s)".strip(),
         )
         self.console.print(line)

@@ -45,17 +45,12 @@ def carrier_month_chart(delays: pl.DataFrame, path: Path, *, title: str) -> Path
             f"carrier_month_chart needs rows with carrier, month and mean_arr_delay; "
             f"got {delays.height} rows, missing columns {sorted(missing)}."
         )
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    grid = (
-        delays.pivot(on="month", index="carrier", values="mean_arr_delay", sort_columns=True)
-        .sort("carrier")
-    )
+    grid = delays.pivot("month", index="carrier", values="mean_arr_delay", sort_columns=True).sort("carrier")
     months = [c for c in grid.columns if c != "carrier"]
     values = grid.select(months).to_numpy()
     fig = Figure(figsize=(10, 0.45 * grid.height + 2))
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     # Colour limits from the 2nd and 98th percentiles: a carrier with a handful of
     # flights in a month (OO) would otherwise wash out every other cell.
@@ -63,9 +58,7 @@ def carrier_month_chart(delays: pl.DataFrame, path: Path, *, title: str) -> Path
     image = ax.imshow(values, aspect="auto", cmap="RdYlGn_r", vmin=low, vmax=high)
     ax.set_xticks(range(len(months)), labels=[str(m) for m in months])
     ax.set_yticks(range(grid.height), labels=grid["carrier"].to_list())
-    ax.set_xlabel("month (2013); blank: no flights")
-    ax.set_ylabel("carrier")
-    ax.set_title(title)
+    ax.set(xlabel="month (2013); blank: no flights", ylabel="carrier", title=title)
     fig.colorbar(image, ax=ax, label="mean arrival delay (min)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -14,9 +14,7 @@ WEATHER_KEYS = ["origin", "year", "month", "day", "hour"]
 ROUTE = ["carrier", "origin", "dest"]
 
 
-def enrich_flights(
-    flights: pl.LazyFrame, weather: pl.LazyFrame, planes: pl.LazyFrame
-) -> pl.LazyFrame:
+def enrich_flights(flights: pl.LazyFrame, weather: pl.LazyFrame, planes: pl.LazyFrame) -> pl.LazyFrame:
     """
     Step 1: flights that flew, with the departure hour's weather and the plane's age.
 
@@ -28,24 +26,13 @@ def enrich_flights(
     LazyFrame with columns carrier, origin, dest, month, dep_delay, arr_delay
     (minutes), precip (inches), visib (miles), wind_speed (mph), plane_year.
     """
-    hourly = weather.group_by(WEATHER_KEYS).agg(
-        pl.col("precip").mean(), pl.col("visib").mean(), pl.col("wind_speed").mean()
-    )
+    hourly = weather.group_by(WEATHER_KEYS).agg(pl.col("precip", "visib", "wind_speed").mean())
     plane_years = planes.select("tailnum", pl.col("year").alias("plane_year"))
     return (
         flights.filter(pl.col("arr_delay").is_not_null())
         .join(hourly, on=WEATHER_KEYS, how="left")
         .join(plane_years, on="tailnum", how="left")
-        .select(
-            *ROUTE,
-            "month",
-            "dep_delay",
-            "arr_delay",
-            "precip",
-            "visib",
-            "wind_speed",
-            "plane_year",
-        )
+        .select(*ROUTE, "month", "dep_delay", "arr_delay", "precip", "visib", "wind_speed", "plane_year")
     )
 
 
@@ -70,11 +57,7 @@ def route_month_delays(enriched: pl.LazyFrame) -> pl.LazyFrame:
 
 
 def worst_routes(
-    monthly: pl.LazyFrame,
-    airlines: pl.LazyFrame,
-    airports: pl.LazyFrame,
-    *,
-    top: int = 20,
+    monthly: pl.LazyFrame, airlines: pl.LazyFrame, airports: pl.LazyFrame, *, top: int = 20,
     min_flights: int = 365,
 ) -> pl.LazyFrame:
     """
@@ -92,10 +75,7 @@ def worst_routes(
     mean arrival delay exceeded 30 minutes).
     """
     per_route = monthly.group_by(ROUTE).agg(
-        pl.col("flights").sum(),
-        pl.col("arr_delay_sum").sum(),
-        pl.col("delayed_15").sum(),
-        pl.col("rainy").sum(),
+        pl.col("flights", "arr_delay_sum", "delayed_15", "rainy").sum(),
         pl.col("mean_arr_delay").max().alias("worst_month_delay"),
         (pl.col("mean_arr_delay") > 30).cast(pl.Int64).sum().alias("bad_months"),
     )
@@ -105,17 +85,11 @@ def worst_routes(
         .join(airlines.rename({"name": "airline"}), on="carrier", how="left")
         .join(names, on="dest", how="left")
         .select(
-            "carrier",
-            "airline",
-            "origin",
-            "dest",
-            "dest_name",
-            "flights",
+            "carrier", "airline", "origin", "dest", "dest_name", "flights",
             (pl.col("arr_delay_sum") / pl.col("flights")).alias("mean_arr_delay"),
             (100.0 * pl.col("delayed_15") / pl.col("flights")).alias("pct_delayed_15"),
             (100.0 * pl.col("rainy") / pl.col("flights")).alias("pct_rainy"),
-            "worst_month_delay",
-            "bad_months",
+            "worst_month_delay", "bad_months",
         )
         .sort(["mean_arr_delay", *ROUTE], descending=[True, False, False, False])
         .head(top)
@@ -151,6 +125,5 @@ def flight_delay_report_cpu(paths: dict[str, str], *, top: int = 20) -> pl.DataF
         Routes in the report.
     """
     scan = {name: pl.scan_parquet(path) for name, path in paths.items()}
-    enriched = enrich_flights(scan["flights"], scan["weather"], scan["planes"])
-    monthly = route_month_delays(enriched)
+    monthly = route_month_delays(enrich_flights(scan["flights"], scan["weather"], scan["planes"]))
     return worst_routes(monthly, scan["airlines"], scan["airports"], top=top).collect()

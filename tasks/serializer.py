@@ -52,8 +52,7 @@ class GPUResultSerializer(Serializer):
         HostPersistenceError
             If ``obj`` is or contains a :class:`GPUResult`.
         """
-        results = results_in(obj)
-        if results:
+        if results := results_in(obj):
             refuse_host_persistence(results[0])
         return HOST_HEADER + PickleSerializer().dumps(obj)
 

@@ -76,17 +76,14 @@ class PolarsDataFrameSerializer(Serializer):
                 else " Use another result serializer (e.g. 'pickle') for this task."
             )
             raise TypeError(
-                f"PolarsDataFrameSerializer writes polars DataFrames only, not "
-                f"{type(obj).__name__}.{hint}"
+                f"PolarsDataFrameSerializer writes polars DataFrames only, not {type(obj).__name__}.{hint}"
             )
+        if self.format != "parquet" and self.compression == "snappy":
+            raise ValueError("Arrow IPC has no snappy compression; use 'zstd', 'lz4' or 'uncompressed'.")
         buffer = io.BytesIO()
         if self.format == "parquet":
             obj.write_parquet(buffer, compression=self.compression)
         else:
-            if self.compression == "snappy":
-                raise ValueError(
-                    "Arrow IPC has no snappy compression; use 'zstd', 'lz4' or 'uncompressed'."
-                )
             obj.write_ipc(buffer, compression=self.compression)
         return base64.b64encode(buffer.getvalue())
 
@@ -101,13 +98,12 @@ class PolarsDataFrameSerializer(Serializer):
             format (for example a record written by another serializer).
         """
         try:
-            raw = base64.b64decode(blob, validate=True)
+            buffer = io.BytesIO(base64.b64decode(blob, validate=True))
         except (binascii.Error, ValueError) as exc:
             raise ValueError(
                 "This result was not written by PolarsDataFrameSerializer (not base64). "
                 "Read it with the serializer named in its result record."
             ) from exc
-        buffer = io.BytesIO(raw)
         try:
             if self.format == "parquet":
                 return pl.read_parquet(buffer)

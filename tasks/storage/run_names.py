@@ -29,11 +29,8 @@ def _one_name(source: str) -> str:
         parts = parts[: globbed[0]]
     if not parts:
         return "parquet"
-    last = parts[-1]
-    for suffix in _PARQUET_SUFFIXES:
-        if last.endswith(suffix) and len(last) > len(suffix):
-            return last[: -len(suffix)]
-    return last
+    last = PurePosixPath(parts[-1])
+    return last.stem if last.suffix in _PARQUET_SUFFIXES else parts[-1]
 
 
 def source_name(source: str | Sequence[str]) -> str:
