@@ -84,7 +84,8 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
         # Replays first: if one fails (a scanned file is gone), the original is still live and unread.
         copies: list[GPUResult] = []
         try:
-            copies += [replay(call.session, result) for _ in range(n - 1)]
+            for _ in range(n - 1):  # one by one: a failed replay releases the copies made before it
+                copies.append(replay(call.session, result))
             return [call.session.adopt(result.hand_over(), like=result), *copies]
         except BaseException:
             for copy in copies:

@@ -136,6 +136,30 @@ def test_tee_whose_replay_fails_keeps_the_original(engine_block, tmp_path):
     assert held_partitions() == store_before
 
 
+def test_tee_whose_later_replay_fails_releases_the_copies_already_made(cpu_block):
+    calls = []
+
+    @gpu_task
+    def third_call_fails(n: int) -> pl.LazyFrame:
+        calls.append(n)
+        if len(calls) == 3:
+            raise OSError("the source is gone on the third build")
+        return pl.LazyFrame({"x": list(range(n))})
+
+    @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
+    def split_three():
+        r = third_call_fails(4)
+        held = held_partitions()
+        with pytest.raises(OSError, match="gone on the third build"):
+            tee(r, 3)  # the first copy is made, the second fails
+        assert held_partitions() == held  # the first copy was released, not left for the session's end
+        assert r.state == "live"
+        return collect(r).height
+
+    assert split_three() == 4
+    assert len(calls) == 3
+
+
 def test_tee_argument_checks(engine_block, orders):
     @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def bad():
