@@ -10,16 +10,8 @@ All of them pickle and unpickle with their message and attributes intact.
 from __future__ import annotations
 
 __all__ = [
-    "BlockNotFoundError",
-    "CannotRecomputeError",
-    "DeviceMemoryError",
-    "GPUResultError",
-    "HostPersistenceError",
-    "NoEngineSessionError",
-    "NoGPUError",
-    "ResultConsumedError",
-    "ResultReleasedError",
-    "SessionError",
+    "BlockNotFoundError", "CannotRecomputeError", "DeviceMemoryError", "GPUResultError", "HostPersistenceError",
+    "NoEngineSessionError", "NoGPUError", "ResultConsumedError", "ResultReleasedError", "SessionError",
     "WrongEngineError",
 ]
 

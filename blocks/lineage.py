@@ -79,20 +79,10 @@ class Lineage:
 
     __slots__ = ("args", "build", "deferred", "kwargs", "label")
 
-    def __init__(
-        self,
-        build: Callable[..., pl.LazyFrame],
-        args: tuple[Any, ...] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        label: str,
-        deferred: bool = False,
-    ) -> None:
-        self.build = build
-        self.args = tuple(args)
-        self.kwargs = dict(kwargs) if kwargs else {}
-        self.label = label
-        self.deferred = deferred
+    def __init__(self, build: Callable[..., pl.LazyFrame], args: tuple[Any, ...] = (),
+                 kwargs: Mapping[str, Any] | None = None, *, label: str, deferred: bool = False) -> None:
+        self.build, self.args, self.kwargs = build, tuple(args), dict(kwargs) if kwargs else {}
+        self.label, self.deferred = label, deferred
 
     @classmethod
     def of_query(cls, query: Any, *, deferred: bool = False) -> Lineage:
@@ -111,12 +101,9 @@ class Lineage:
         """
         if _depth > MAX_LINEAGE_DEPTH:
             return f"its lineage is deeper than {MAX_LINEAGE_DEPTH} steps (at {self.label})"
-        inputs: list[Any] = []
-        visit_collection(
-            (self.args, self.kwargs),
-            lambda v: inputs.append(v) if isinstance(v, (GPUResult, pl.LazyFrame)) else None,
-            return_data=False,
-        )
+        found: list[Any] = []
+        visit_collection((self.args, self.kwargs), found.append, return_data=False)
+        inputs = [v for v in found if isinstance(v, (GPUResult, pl.LazyFrame))]
         for value in inputs:
             if isinstance(value, pl.LazyFrame):
                 if reads_in_process_source(value):

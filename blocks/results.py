@@ -304,20 +304,17 @@ class GPUResult:
         if self._state == "consumed":
             if self.consumed_by_id is not None and self.consumed_by_id == run.run_id:
                 advice = (  # a second read in the run that read it: a self-join, or .lazy() twice
-                    f"already read in this same {self.consumed_by}: a GPU result is read once "
-                    "(cudf-polars moves its partitions out on read), so its .lazy() may be "
-                    "called once and that frame scanned once (no self-join of a result with "
-                    "itself). To use it twice, split it before this step: `a, b = tee(result, 2)` "
-                    "(prefect_cudf_polars.tasks.tee) and use both copies."
+                    f"already read in this same {self.consumed_by}: a GPU result is read once (cudf-polars moves "
+                    "its partitions out on read), so its .lazy() may be called once and that frame scanned once "
+                    "(no self-join of a result with itself). To use it twice, split it before this step: "
+                    "`a, b = tee(result, 2)` (prefect_cudf_polars.tasks.tee) and use both copies."
                 )
             else:
                 advice = (
-                    f"already consumed by {self.consumed_by}: a GPU result is read once "
-                    "(cudf-polars moves its partitions out on read). To give one result to "
-                    "several tasks, split it before the first read: `a, b = tee(result, 2)` "
-                    "(prefect_cudf_polars.tasks.tee) makes independent results that stay on "
-                    "the GPU; or run the producing task again, or collect it once and reuse "
-                    "the host DataFrame."
+                    f"already consumed by {self.consumed_by}: a GPU result is read once (cudf-polars moves its "
+                    "partitions out on read). To give one result to several tasks, split it before the first "
+                    "read: `a, b = tee(result, 2)` (prefect_cudf_polars.tasks.tee) makes independent results that "
+                    "stay on the GPU; or run the producing task again, or collect it once and reuse the host DataFrame."
                 )
             raise ResultConsumedError(f"GPUResult {self.name!r} (id {self.id}) was {advice}", result_id=self.id,
                                       result_name=self.name, consumer=self.consumed_by)
@@ -344,16 +341,15 @@ class GPUResult:
             return ""
         if owner.subflow:
             return (
-                f" when its engine session ended: the session of {owner.served_run}, which "
-                "ended with that subflow run (a subflow with its own task runner has its own "
-                "session, and its GPU results never outlive it). Collect the result inside "
-                "the subflow and return the host DataFrame, or give the subflow no task "
-                "runner so it shares the parent's session"
+                f" when its engine session ended: the session of {owner.served_run}, which ended with that subflow "
+                "run (a subflow with its own task runner has its own session, and its GPU results never outlive "
+                "it). Collect the result inside the subflow and return the host DataFrame, or give the subflow "
+                "no task runner so it shares the parent's session"
             )
         return (
-            " when its engine session ended (its flow run is over: a GPU result never "
-            "outlives its flow run, so do not return it from a flow or keep it for later; "
-            "collect it inside the flow run and return the host DataFrame)"
+            " when its engine session ended (its flow run is over: a GPU result never outlives its flow run, so "
+            "do not return it from a flow or keep it for later; collect it inside the flow run and return the "
+            "host DataFrame)"
         )
 
     def lazy(self) -> pl.LazyFrame:

@@ -185,11 +185,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
             logger.info(NOT_STARTED_LINE, extra={"send_to_api": False})
 
     def __eq__(self, value: object) -> bool:
-        return (
-            isinstance(value, CudfPolarsTaskRunner)
-            and self._max_workers == value._max_workers
-            and self.engine == value.engine
-        )
+        same_type = isinstance(value, CudfPolarsTaskRunner)
+        return same_type and (self._max_workers, self.engine) == (value._max_workers, value.engine)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -41,12 +41,11 @@ _CONSUMED = "consumed on read"
 _OUT_OF_MEMORY = ("out_of_memory", "std::bad_alloc", "out of memory")
 
 DEVICE_MEMORY_MESSAGE = (
-    "The engine ran out of device memory running this query; its claimed inputs "
-    "were freed and the engine session stays usable. On the CudfPolarsEngine block: "
-    'lower `spill_device_limit` (e.g. "60%") so rapidsmpf spills to host memory '
-    "earlier; lower `target_partition_size` (bytes) for a lower peak; or use "
-    '`device_memory_resource="managed"` (unified memory, can exceed GPU memory). '
-    "Or release results you no longer need (`result.release()`). cudf-polars said: {hint}"
+    "The engine ran out of device memory running this query; its claimed inputs were freed and the engine "
+    'session stays usable. On the CudfPolarsEngine block: lower `spill_device_limit` (e.g. "60%") so rapidsmpf '
+    "spills to host memory earlier; lower `target_partition_size` (bytes) for a lower peak; or use "
+    '`device_memory_resource="managed"` (unified memory, can exceed GPU memory). Or release results you no '
+    "longer need (`result.release()`). cudf-polars said: {hint}"
 )
 
 
@@ -139,12 +138,10 @@ def translate_engine_error(exc: BaseException) -> BaseException:
             return DeviceMemoryError(DEVICE_MEMORY_MESSAGE.format(hint=str(e) or type(e).__name__))
     if any(_CONSUMED in str(e) for e in iter_exceptions(exc)):
         return ResultConsumedError(
-            "The query reads a GPU result that was already consumed: results are "
-            "read once (cudf-polars moves each partition out on read), so a query "
-            "may scan a result's .lazy() frame only once (no self-joins on it). "
-            "To read one result in two places, split it first with "
-            "`tee(result, 2)` (prefect_cudf_polars.tasks.tee), or run the producing "
-            "task again for a fresh result."
+            "The query reads a GPU result that was already consumed: results are read once (cudf-polars moves "
+            "each partition out on read), so a query may scan a result's .lazy() frame only once (no self-joins "
+            "on it). To read one result in two places, split it first with `tee(result, 2)` "
+            "(prefect_cudf_polars.tasks.tee), or run the producing task again for a fresh result."
         )
     if isinstance(exc, BaseExceptionGroup) and (leaf := _single_leaf(exc)) is not None:
         return leaf

@@ -123,30 +123,17 @@ class GPUSupportCheck:
             why = "cudf-polars is not installed here" if missing else (
                 f"cudf-polars cannot be imported here ({type(exc).__name__}: {exc})"
             )
-            return cls(
-                status=(
-                    f"GPU support not checked: {why}; install cudf-polars-cu13 or -cu12 26.10 "
-                    "(the check extra) to refuse on the CPU what the GPU would refuse"
-                )
-            )
+            return cls(f"GPU support not checked: {why}; install cudf-polars-cu13 or -cu12 26.10 "
+                       "(the check extra) to refuse on the CPU what the GPU would refuse")
         version = cudf_polars.__version__
         try:
             engine = check_engine(block)
             trial = pl.LazyFrame({"a": [1]}).select(pl.col("a") + 1)
             Translator(plan_visitor(trial), engine).translate_ir()
         except Exception as exc:
-            return cls(
-                status=(
-                    f"GPU support not checked: cudf-polars {version} cannot translate plans "
-                    f"here with this block's options ({type(exc).__name__}: {exc})"
-                )
-            )
-        return cls(
-            status=f"GPU support checked (cudf-polars {version})",
-            version=version,
-            translator=Translator,
-            engine=engine,
-        )
+            return cls(f"GPU support not checked: cudf-polars {version} cannot translate plans "
+                       f"here with this block's options ({type(exc).__name__}: {exc})")
+        return cls(f"GPU support checked (cudf-polars {version})", version=version, translator=Translator, engine=engine)
 
     def check(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> None:
         """
