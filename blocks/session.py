@@ -520,7 +520,9 @@ class EngineSession:
         releases only its own results there. Each wait is at most the block's
         ``teardown_timeout`` (seconds), 3 s when ``terminating`` (SIGTERM, a
         cancellation); past it, the calls still queued for the engine fail with
-        ``SessionError``. Never raises: a failed teardown is in ``teardown``.
+        ``SessionError``. A failed teardown is in ``teardown``; one that is
+        interrupted (``KeyboardInterrupt``, a cancellation) queues the engine's
+        end on its owner thread without waiting, then raises what interrupted it.
 
         Parameters
         ----------
@@ -537,7 +539,7 @@ class EngineSession:
                 return self.summary()
             self._closing = True
         limit = min(self.block.teardown_timeout, TERMINATING_TEARDOWN_S) if terminating else self.block.teardown_timeout
-        host, done, still = self._host, True, 0
+        host, done, still, interrupted = self._host, True, 0, None
         try:
             still = self._served.wait(limit)
             with self._lock:
@@ -554,8 +556,11 @@ class EngineSession:
             elif host is not None:
                 done = host.run_bounded(lambda: release_partitions(holding), timeout=limit)
             self.teardown = "complete" if done else f"stopped waiting after {limit:g} s for the engine"
-        except Exception as exc:
-            self.teardown = f"failed: {type(exc).__name__}: {exc}"
+        except BaseException as exc:  # a failure, or an interruption (KeyboardInterrupt, a cancellation)
+            done, interrupted = False, (None if isinstance(exc, Exception) else exc)
+            what = "interrupted" if interrupted else f"failed: {type(exc).__name__}: {exc}"
+            self.teardown = f"{what}; the engine's end was queued without waiting for it"
+            self._queue_end(host)
         finally:
             tombstone = EndedSession(self.id, self.backend, self.served_run, self.subflow)
             for result in list(self._all):
@@ -573,7 +578,20 @@ class EngineSession:
                                "the flow run's process group ends only once it does.", TRACKER_WAIT_S, self.id)
         summary = self.summary()
         self._telemetry.ended(summary, still_served=still, limit=limit)
+        if interrupted is not None:
+            raise interrupted
         return summary
+
+    def _queue_end(self, host: EngineHost | None) -> None:
+        """Queue on the owner thread what ``close`` could not wait for: the shutdown, or a shared engine's frees."""
+        try:
+            if host is not None and self._owns_host:
+                host.shutdown(0, before=self._last_call)  # queued once; a second call finds it queued
+            elif host is not None:
+                holding = [r for r in self._all if r.holding]
+                host.post(release_partitions, holding)
+        except Exception as exc:  # what a failed close reports is its first error
+            logger.debug("Engine session %s: queueing its end failed: %s", self.id, exc)
 
     def close_at_exit(self) -> None:
         """Close at interpreter exit: Prefect's services may have stopped, so say nothing to Prefect."""

@@ -216,3 +216,37 @@ def test_teardown_stuck_inside_the_engine_shutdown_still_counts_every_result(ord
     finally:
         engine_answers.set()
     wait_until(lambda: held_partitions() == before, 30, "the queued shutdown ran")
+
+
+def test_a_close_interrupted_while_it_waits_still_ends_the_engine(orders):
+    """
+    A KeyboardInterrupt (SIGINT, or a cancellation) that reaches ``close`` while it waits for a served
+    task run ends the session all the same: the engine's shutdown is queued on its owner thread, the
+    store empties, and the interruption is raised after it.
+    """
+    import concurrent.futures
+    import signal
+
+    block = CudfPolarsEngine(backend="cpu", teardown_timeout=30.0)
+    before = held_partitions()
+    session = block.session().__enter__()
+    kept = session.execute(pl.scan_parquet(orders), name="kept")
+    session.serve(concurrent.futures.Future())  # a task run that never ends: close waits for it
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.close()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert session.closed and kept.state == "released"
+    assert session.teardown == "interrupted; the engine's end was queued without waiting for it"
+    wait_until(lambda: held_partitions() == before, 30, "the queued shutdown emptied the store")
+    with pytest.raises(SessionError, match="has ended"):
+        session.execute(pl.scan_parquet(orders))
+    assert session.close()["teardown"] == session.teardown  # a second close changes nothing
