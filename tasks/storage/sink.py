@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from prefect_cudf_polars.blocks import GPUResult
-from prefect_cudf_polars.tasks.calls import EngineCall, retry_unless_cannot_recompute
+from prefect_cudf_polars.tasks.calls import EngineCall
 from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
 from prefect_cudf_polars.tasks.storage.location import (
@@ -145,7 +145,6 @@ def _upload(
 @task(
     name="cudf-polars-sink-parquet",
     task_run_name=sink_parquet_run_name,
-    retry_condition_fn=retry_unless_cannot_recompute,
     **gpu_task_defaults(returns_gpu_result=False),
 )
 def sink_parquet(
@@ -206,17 +205,17 @@ def sink_parquet(
         raise TypeError(f"sink_parquet takes a GPUResult, not {type(result).__name__}; write host data with polars.")
     remote = is_s3_url(target)
     location = access = client = None
-    if remote:
-        location = parse_s3_url(target)
-        access = resolve_s3_access(credentials)
-        client = _check_s3_target(location, access, overwrite=overwrite)
-        folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
-        os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
-    else:
-        folder = Path(target).expanduser().resolve()
-        _check_local_target(folder, overwrite=overwrite)
-    with EngineCall(result) as call:  # the target is checked first: a bad one claims nothing
+    with EngineCall(result) as call:  # the result is checked first: overwrite deletes only for a readable one
         result, session = call.args, call.session
+        if remote:  # a refused target claims nothing: the result stays live
+            location = parse_s3_url(target)
+            access = resolve_s3_access(credentials)
+            client = _check_s3_target(location, access, overwrite=overwrite)
+            folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
+            os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
+        else:
+            folder = Path(target).expanduser().resolve()
+            _check_local_target(folder, overwrite=overwrite)
         asset = declare_target(target if remote else str(folder))
         schema = {name: str(dtype) for name, dtype in result.schema.items()}
         # polars' CPU sink writes one file; cudf-polars' streaming engines a folder of parts.

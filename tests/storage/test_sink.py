@@ -146,6 +146,24 @@ def test_a_consumed_result_is_refused(cpu_block, tmp_path, trips_df):
     assert not (tmp_path / "x").exists()
 
 
+def test_overwrite_with_a_result_that_cannot_be_read_deletes_nothing(cpu_block, moto_s3, bucket, upload, tmp_path, trips_df):
+    upload(bucket, "daily/old.parquet", trips_df[:5])
+    (tmp_path / "keep.parquet").write_bytes(b"mine")
+
+    @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
+    def pipeline():
+        result = execute(trips_df.lazy())
+        collect(result)
+        for target, options in ((str(tmp_path), {}), (f"s3://{bucket}/daily", {"credentials": moto_s3.credentials()})):
+            with pytest.raises(ResultConsumedError, match="a GPU result is read once"):
+                sink_parquet(result, target, overwrite=True, **options)
+
+    pipeline()
+    assert (tmp_path / "keep.parquet").read_bytes() == b"mine"
+    keys = [o["Key"] for o in moto_s3.client().list_objects_v2(Bucket=bucket, Prefix="daily/")["Contents"]]
+    assert keys == ["daily/old.parquet"]
+
+
 def test_unknown_compression_is_refused(cpu_block, tmp_path, trips_df):
     err, state, _ = sink_in_flow(cpu_block, trips_df, str(tmp_path / "x"), compression="brotli-9")
     assert isinstance(err, ValueError) and "zstd" in str(err)
