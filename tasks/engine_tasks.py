@@ -6,7 +6,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks import GPUResult
 from prefect_cudf_polars.blocks.lineage import Lineage
-from prefect_cudf_polars.tasks.calls import EngineCall, query_of, retry_unless_cannot_recompute
+from prefect_cudf_polars.tasks.calls import EngineCall, query_of
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.run_names import collect_run_name, execute_run_name
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults, warn_if_persistence_requested
@@ -15,7 +15,6 @@ from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults, warn_if_p
 @task(
     name="cudf-polars-execute",
     task_run_name=execute_run_name,
-    retry_condition_fn=retry_unless_cannot_recompute,
     **gpu_task_defaults(),
 )
 def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: bool = False) -> GPUResult:
@@ -73,7 +72,6 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: boo
 @task(
     name="cudf-polars-collect",
     task_run_name=collect_run_name,
-    retry_condition_fn=retry_unless_cannot_recompute,
     **gpu_task_defaults(returns_gpu_result=False),
 )
 def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:

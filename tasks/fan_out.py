@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from prefect_cudf_polars.blocks import GPUResult
 from prefect_cudf_polars.blocks.errors import CannotRecomputeError
-from prefect_cudf_polars.tasks.calls import EngineCall, replay, retry_unless_cannot_recompute
+from prefect_cudf_polars.tasks.calls import EngineCall, replay
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.run_names import tee_run_name
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 
-@task(name="cudf-polars-tee", task_run_name=tee_run_name, retry_condition_fn=retry_unless_cannot_recompute, **gpu_task_defaults())
+@task(name="cudf-polars-tee", task_run_name=tee_run_name, **gpu_task_defaults())
 def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     """
     Split one result into ``n`` independent results (fan-out), on the GPU.
@@ -67,7 +67,7 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     >>> daily(by_day); routes(by_route)                         # doctest: +SKIP
     """
     if not isinstance(result, GPUResult):
-        raise TypeError(f"tee takes a GPUResult, not {type(result).__name__}.")
+        raise TypeError(f"tee takes a GPUResult, not {type(result).__name__}; pass what execute or a gpu_task returned.")
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"tee(result, n): n must be an int, not {type(n).__name__}.")
     if n < 1:

@@ -26,7 +26,7 @@ import polars as pl
 from prefect import Task
 
 from prefect_cudf_polars.blocks.lineage import Lineage
-from prefect_cudf_polars.tasks.calls import EngineCall, combined_retry_condition
+from prefect_cudf_polars.tasks.calls import EngineCall
 from prefect_cudf_polars.tasks.gpu_task_type import GPUTask
 from prefect_cudf_polars.tasks.run_names import gpu_task_run_name
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults, persistence_requests, warn_if_persistence_requested
@@ -173,9 +173,6 @@ def gpu_task(fn: Callable[..., pl.LazyFrame] | None = None, /, *, collect: bool 
             "task_run_name": gpu_task_run_name(name),
             **prefect_options,
         }
-        options["retry_condition_fn"] = combined_retry_condition(
-            prefect_options.get("retry_condition_fn")
-        )
         if requested and not collect:
             # A GPU result is never persisted: keep Prefect from pickling it (or its
             # inputs, for a cache key) and warn on each task run instead.

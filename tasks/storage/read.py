@@ -33,7 +33,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks import GPUResult
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
-from prefect_cudf_polars.tasks.calls import EngineCall, retry_unless_cannot_recompute
+from prefect_cudf_polars.tasks.calls import EngineCall
 from prefect_cudf_polars.tasks.storage.assets import declare_sources
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access, scrub
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_engine_error
@@ -168,7 +168,6 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
 @task(
     name="cudf-polars-read-parquet",
     task_run_name=read_parquet_run_name,
-    retry_condition_fn=retry_unless_cannot_recompute,
     **gpu_task_defaults(),
 )
 def read_parquet(

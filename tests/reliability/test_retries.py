@@ -301,3 +301,34 @@ def test_every_task_that_calls_the_engine_fails_at_once_when_its_input_cannot_be
         state_.result()
     assert state["failed"] == 1  # one attempt failed; Prefect did not retry the recompute failure
     assert held_partitions() == before
+
+
+@pytest.mark.parametrize("kind", ["gpu_task", "execute", "sink_parquet"])
+def test_a_retry_condition_given_with_options_runs_after_the_recompute_check(kind, orders, tmp_path, fails_once_after_reading):
+    """
+    ``.with_options(retry_condition_fn=...)`` keeps the check: the user's condition is asked after the
+    transient failure, and not after the retry's CannotRecomputeError, which ends the run despite retries=2.
+    """
+    state = fails_once_after_reading
+    asked = []
+
+    def always_retry(task, task_run, run_state) -> bool:
+        asked.append(task_run.name)
+        return True
+
+    options = {"retries": 2, "retry_delay_seconds": 0, "retry_condition_fn": always_retry}
+    tasks = {"gpu_task": passthrough, "execute": execute, "sink_parquet": sink_parquet}
+    args = {"sink_parquet": (str(tmp_path / "sunk"),)}
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        base = execute(pl.scan_parquet(orders), name="orders")
+        r = execute(base.lazy().head(500), name="first-half")  # lineage reads a frame: not replayable
+        state["armed"] = True
+        return tasks[kind].with_options(**options)(r, *args.get(kind, ()))
+
+    outcome = pipeline(return_state=True)
+    assert outcome.is_failed(), outcome
+    with pytest.raises(CannotRecomputeError, match="this retry cannot recompute it"):
+        outcome.result()
+    assert state["failed"] == 1 and len(asked) == 1
