@@ -33,8 +33,9 @@ an upper one provides. Bottom to top:
 ``backends/``
     One adapter per engine (``cpu``, ``streaming`` for ``spmd``, ``dask/``,
     ``ray/``); every third-party private access in ``backends/compat``.
-``persistence``, ``results``, ``lineage``
-    :class:`GPUResult` and the rules no serializer breaks; how a result is produced again.
+``persistence``, ``deferred``, ``results``, ``lineage``
+    :class:`GPUResult` and the rules no serializer breaks; what a deferred result holds;
+    how a result is produced again.
 ``engine``, ``telemetry``, ``nesting``, ``exits``
     The engine host (owner thread and exit stack); what Prefect is told;
     which subflows share an engine; sessions open at interpreter exit.

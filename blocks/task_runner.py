@@ -140,7 +140,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                         block = load_engine_block(self.engine) if isinstance(self.engine, str) else self.engine
                         parent = self._parent.provided_session if self._parent is not None else None
                         self.session = EngineSession(block).open(activate=False, parent=parent)
-                    except BaseException as exc:
+                    except Exception as exc:  # an interruption (a task's timeout) is not kept: the next call tries again
                         self._open_error = exc
                         raise
                 session = self.session

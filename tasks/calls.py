@@ -212,7 +212,8 @@ def replay(session: EngineSession, result: GPUResult, *, retry: bool = False) ->
             "the step that produced it a gpu_task (or execute) fed by scans or other GPU results, or collect "
             "it to the host before the step that may fail."
             if retry
-            else f"Cannot recompute {result.name!r}: {reason}."
+            else f"Cannot recompute {result.name!r}: {reason}. Collect it to the host before it is read, or produce it "
+            "in a gpu_task (or execute) fed by scans or other GPU results."
         )
         raise CannotRecomputeError(
             message, result_id=result.id, result_name=result.name, consumer=result.consumed_by, reason=reason

@@ -1,5 +1,5 @@
 """
-Every private attribute of polars, cudf-polars, Ray and CPython that this package reaches, in one place.
+Every private attribute of polars, cudf-polars, Ray, Prefect and CPython that this package reaches, in one place.
 
 Each function names the version it was checked against. Nothing else in the
 package touches a third party's private names; when one of these versions
