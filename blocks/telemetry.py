@@ -351,11 +351,10 @@ class SessionTelemetry:
              format_bytes(r["bytes"]) if r["bytes"] is not None else "", r["partitions"],
              f"{r['engine_seconds']:.3f}") for r in self._results.values()
         ]
-        more = self._unlisted
         markdown = (
-            f"### cudf-polars engine session summary\n\n{_table(rows)}\n#### Results ({len(results) + more})\n\n"
+            f"### cudf-polars engine session summary\n\n{_table(rows)}\n#### Results ({len(results) + self._unlisted})\n\n"
             + _table(results, ("result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s"))
-            + (f"\n... and {more} more (each in its `result.created` event)\n" if more > 0 else "")
+            + (f"\n... and {self._unlisted} more (each in its `result.created` event)\n" if self._unlisted else "")
         )
         description = (f"cudf-polars engine session ({summary['backend']}): results produced {counts['produced']}, "
                        f"consumed {counts['consumed']}, released unconsumed {counts['released_unconsumed']}; "

@@ -35,9 +35,8 @@ if TYPE_CHECKING:
 
 #: cudf-polars 26.10's message for a second read of a persisted result (``rank_local_store``).
 CONSUMED_MESSAGE = (
-    "A persisted query result is consumed on read and cannot be scanned more "
-    "than once (for example a self-join, or collecting the same LazyFrame "
-    "twice). Call engine.execute() again for a fresh result."
+    "A persisted query result is consumed on read and cannot be scanned more than once (for example a "
+    "self-join, or collecting the same LazyFrame twice). Call engine.execute() again for a fresh result."
 )
 
 # One store per engine (its uid), each holding one partition per query id. Re-entrant:
@@ -172,16 +171,9 @@ class CpuRunningEngine(RunningEngine):
         return Reading(held, persisted.rows, persisted.bytes, (held,))
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "backend": "cpu",
-            "gpus": [],
-            "ranks": 1,
-            "versions": {"polars": pl.__version__},
-            "note": (
-                "polars CPU engine, host memory only: for developing and testing "
-                f"flows on machines without a GPU; {self.gpu_support.status}"
-            ),
-        }
+        note = ("polars CPU engine, host memory only: for developing and testing flows on machines without a GPU; "
+                f"{self.gpu_support.status}")
+        return {"backend": "cpu", "gpus": [], "ranks": 1, "versions": {"polars": pl.__version__}, "note": note}
 
     def shutdown(self) -> None:
         """Drop every stored result of this engine (idempotent)."""
