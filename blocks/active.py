@@ -62,6 +62,14 @@ def leave(token: contextvars.Token[SessionProvider | None], provider: SessionPro
             PROVIDER.set(None if token.old_value is token.MISSING else token.old_value)
 
 
+def flow_run_context() -> Any:
+    """Prefect's ``FlowRunContext`` here when it runs a flow run, else ``None``."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return ctx if ctx is not None and ctx.flow_run is not None else None
+
+
 def innermost() -> SessionProvider | None:
     """
     The innermost session provider here, or ``None``.
@@ -72,10 +80,7 @@ def innermost() -> SessionProvider | None:
     provider = PROVIDER.get()
     if provider is not None:
         return provider
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    runner = getattr(ctx, "task_runner", None) if ctx is not None else None
+    runner = getattr(flow_run_context(), "task_runner", None)
     return runner if hasattr(runner, "provide_session") else None
 
 
@@ -146,8 +151,5 @@ def get_engine_session() -> Any:
     provider = innermost()
     if provider is not None:
         return provider.provide_session()
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    where = "for this flow run" if ctx is not None and ctx.flow_run is not None else "here, and no flow run is running"
+    where = "for this flow run" if flow_run_context() is not None else "here, and no flow run is running"
     raise NoEngineSessionError(NO_SESSION_MESSAGE.format(where=where))

@@ -3,11 +3,10 @@ The engine session: one flow run's scope, its results and every rule of its life
 
 1. **One owner thread**: the :class:`~prefect_cudf_polars.blocks.engine.EngineHost`
    creates, uses and shuts down the engine, and holds what it owns in one exit stack.
-2. **A result belongs to its session**: a task's engine call checks its inputs
-   against the task's session first (``WrongEngineError``).
-3. **A result is read at most once**: its first claim is counted here
-   (:meth:`EngineSession.claimed`); a second raises ``ResultConsumedError``.
-4. **Everything is released when the session ends**, however it ends (return,
+2. **A result belongs to its session and is read at most once**: a task's engine call checks its
+   inputs against the task's session first (``WrongEngineError``); a first claim is counted here
+   (:meth:`EngineSession.claimed`), a second raises ``ResultConsumedError``.
+3. **Everything is released when the session ends**, however it ends (return,
    exception, ``TerminationSignal``): :meth:`EngineSession.close` marks every
    live result released and shuts the engine down once on its owner thread,
    within the block's ``teardown_timeout`` (3 s while the flow run is being
@@ -20,11 +19,11 @@ The engine session: one flow run's scope, its results and every rule of its life
    The last session SIGTERM ends, on an engine of its own, also reaps
    multiprocessing's resource tracker (at most 2 s), so nothing is left in the
    flow run's process group.
-5. **The engine opens at the first GPU call**; one that cannot start fails that
+4. **The engine opens at the first GPU call**; one that cannot start fails that
    task run, and every later GPU call of the run raises the same error.
-6. **Subflows** share the parent's engine host when their blocks are equal
+5. **Subflows** share the parent's engine host when their blocks are equal
    (:mod:`~prefect_cudf_polars.blocks.nesting`); sessions do not nest within a flow run.
-7. **A session left open at interpreter exit** is closed then, with one warning
+6. **A session left open at interpreter exit** is closed then, with one warning
    (:mod:`~prefect_cudf_polars.blocks.exits`); what Prefect is told is
    :mod:`~prefect_cudf_polars.blocks.telemetry`'s.
 """
@@ -74,13 +73,6 @@ class State(enum.Enum):
     NEW = "new"
     OPEN = "open"
     CLOSED = "closed"
-
-
-def _flow_run_context() -> Any:
-    from prefect.context import FlowRunContext
-
-    ctx = FlowRunContext.get()
-    return ctx if ctx is not None and ctx.flow_run is not None else None
 
 
 class EngineSession:
@@ -166,7 +158,7 @@ class EngineSession:
             raise SessionError("This engine session was already opened; open a new one with CudfPolarsEngine.session().")
         self._opened_by = "`with block.session():`" if activate else "CudfPolarsTaskRunner"
         self._record_run()
-        shared = shared_host(self, active.innermost() if activate else None, parent, flow_run=_flow_run_context())
+        shared = shared_host(self, active.innermost() if activate else None, parent, flow_run=active.flow_run_context())
         if shared is not None:
             self._host, self.backend = shared._host, shared.backend
             note = f"{shared.description.get('note', '')}; on the engine of session {shared.id[:8]} ({shared.served_run})"
@@ -196,12 +188,12 @@ class EngineSession:
         self.description = self._host.description
 
     def _record_run(self) -> None:
-        if self._telemetry.flow_run is None and (ctx := _flow_run_context()) is not None:
+        if self._telemetry.flow_run is None and (ctx := active.flow_run_context()) is not None:
             self._telemetry.attach(ctx.flow_run, ctx.flow)
 
     def announce(self) -> None:
         """Write the start line and ``engine.started`` at the session's first use inside its flow run (once)."""
-        if self._announced or _flow_run_context() is None:
+        if self._announced or active.flow_run_context() is None:
             return
         with self._lock:
             if self._announced:
@@ -588,8 +580,7 @@ class EngineSession:
             if host is not None and self._owns_host:
                 host.shutdown(0, before=self._last_call)  # queued once; a second call finds it queued
             elif host is not None:
-                holding = [r for r in self._all if r.holding]
-                host.post(release_partitions, holding)
+                host.post(release_partitions, [r for r in self._all if r.holding])
         except Exception as exc:  # what a failed close reports is its first error
             logger.debug("Engine session %s: queueing its end failed: %s", self.id, exc)
 

@@ -95,12 +95,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def submit(self, task: Any, parameters: Any, wait_for: Any = None, dependencies: Any = None) -> Any:
         """Prefect's ``ThreadPoolTaskRunner.submit``; the first call records the flow run (for its log)."""
-        if self._flow_run is None:
-            from prefect.context import FlowRunContext
-
-            ctx = FlowRunContext.get()
-            if ctx is not None and ctx.task_runner is self:
-                self._flow_run = (ctx.flow_run, ctx.flow)
+        if self._flow_run is None and (ctx := active.flow_run_context()) is not None and ctx.task_runner is self:
+            self._flow_run = (ctx.flow_run, ctx.flow)
         return super().submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
 
     @property
