@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 #: Seconds a caller blocks at a time while it waits for the owner thread.
 WAIT_SLICE_S = 0.05
@@ -224,35 +225,40 @@ class EngineHost:
             raise SessionError(self._ended())
         return self.running
 
-    def call_engine(self, kind: str, lf: pl.LazyFrame, flags: pl.QueryOptFlags, *, after: Callable[[], None],
-                    env: Mapping[str, str | None] | None = None,
-                    on_late: Callable[[Any], None] | None = None) -> tuple[Any, Reading, float]:
+    def call_engine(self, kind: str, lf: pl.LazyFrame, *, plan: Callable[[pl.LazyFrame], tuple[pl.QueryOptFlags, P]],
+                    after: Callable[[], None], env: Mapping[str, str | None] | None = None,
+                    on_late: Callable[[Any], None] | None = None) -> tuple[Any, Reading, float, P]:
         """
-        One engine call on the owner thread, in one hand-off: ``kind`` (``"execute"`` or ``"collect"``), then ``after()``.
+        One engine call on the owner thread, in one hand-off: ``plan(lf)``, ``kind`` (``"execute"`` or ``"collect"``), then ``after()``.
 
-        ``after()`` runs whether the call succeeded or not (a session frees
-        what the call's claimed inputs still hold there); then the engine's
-        memory is read, with the rows and bytes of a persisted result.
+        ``plan`` runs with ``env`` set, as the engine call does: planning an
+        object-store scan lists its objects and reads their schema. When it
+        raises, nothing has run and ``after()`` is not called. ``after()`` runs
+        whether the engine call succeeded or not (a session frees what the
+        call's claimed inputs still hold there); then the engine's memory is
+        read, with the rows and bytes of a persisted result.
 
         Parameters
         ----------
         kind : {"execute", "collect"}
         lf : polars.LazyFrame
-        flags : polars.QueryOptFlags
-            The optimizations to run it with.
+        plan : callable
+            Takes ``lf``; returns the optimizations (``polars.QueryOptFlags``)
+            to run it with, and anything the caller keeps from planning.
         after : callable
         env : mapping of str to (str or None), optional
             Environment variables set in this process and on every rank for the
-            engine call alone (``None`` unsets one); the previous values are back
-            afterwards. Used for object-store credentials.
+            plan and the engine call alone (``None`` unsets one); the previous
+            values are back afterwards. Used for object-store credentials.
         on_late : callable, optional
             As for :meth:`run`.
 
         Returns
         -------
-        (value, reading, seconds)
+        (value, reading, seconds, planned)
             The persisted result (``execute``) or host DataFrame (``collect``),
-            the reading, and the engine call's seconds.
+            the reading, the engine call's seconds, and the second item ``plan``
+            returned.
 
         Raises
         ------
@@ -262,15 +268,17 @@ class EngineHost:
             What the engine raised.
         """
 
-        def call() -> tuple[Any, Reading, float]:
-            running, started = self._engine(), time.perf_counter()
-            try:
-                with self._environment(running, env):
+        def call() -> tuple[Any, Reading, float, P]:
+            running = self._engine()
+            with self._environment(running, env):
+                flags, planned = plan(lf)
+                started = time.perf_counter()
+                try:
                     value = getattr(running, kind)(lf, flags)
-            finally:
-                after()
+                finally:
+                    after()
             seconds = time.perf_counter() - started
-            return value, running.read(value if kind == "execute" else None), seconds
+            return value, running.read(value if kind == "execute" else None), seconds, planned
 
         return self.run(call, on_late=on_late)
 

@@ -6,19 +6,16 @@ The engine session: one flow run's scope, its results and every rule of its life
 2. **A result belongs to its session and is read at most once**: a task's engine call checks its
    inputs against the task's session first (``WrongEngineError``); a first claim is counted here
    (:meth:`EngineSession.claimed`), a second raises ``ResultConsumedError``.
-3. **Everything is released when the session ends**, however it ends (return,
-   exception, ``TerminationSignal``): :meth:`EngineSession.close` marks every
-   live result released and shuts the engine down once on its owner thread,
-   within the block's ``teardown_timeout`` (3 s while the flow run is being
-   stopped: a Prefect process worker checks every 3 s whether the run's
-   processes are gone). cudf-polars 26.10's ``shutdown`` closes every persisted
-   partition's store; on Ray the results are released first (a release after
-   the shutdown would start a new local Ray). Every handle then lets go of what
-   it held, so the engine and its memory resource are freed by reference
-   counting by the time ``close`` returns. Past the limit, the end line warns.
-   The last session SIGTERM ends, on an engine of its own, also reaps
-   multiprocessing's resource tracker (at most 2 s), so nothing is left in the
-   flow run's process group.
+3. **Everything is released when the session ends**, however it ends (return, exception,
+   ``TerminationSignal``): :meth:`EngineSession.close` marks every live result released and shuts
+   the engine down once on its owner thread, within the block's ``teardown_timeout`` (3 s while the
+   flow run is being stopped: a Prefect process worker checks every 3 s whether the run's processes
+   are gone). cudf-polars 26.10's ``shutdown`` closes every persisted partition's store; on Ray the
+   results are released first (a release after the shutdown would start a new local Ray). Every
+   handle then lets go of what it held, so the engine and its memory resource are freed by reference
+   counting by the time ``close`` returns. Past the limit, the end line warns. The last session
+   SIGTERM ends, on an engine of its own, also reaps multiprocessing's resource tracker (at most
+   2 s), so nothing is left in the flow run's process group.
 4. **The engine opens at the first GPU call**; one that cannot start fails that
    task run, and every later GPU call of the run raises the same error.
 5. **Subflows** share the parent's engine host when their blocks are equal
@@ -321,8 +318,9 @@ class EngineSession:
             what they still hold is freed in the same hand-off, success or
             failure; claimed deferred ones are listed as fused into the result.
         environment : mapping of str to (str or None), optional
-            Set in this process and on every rank for the engine call alone
-            (object-store credentials; ``None`` unsets a variable).
+            Set in this process and on every rank for the engine call alone,
+            its planning included (object-store credentials; ``None`` unsets a
+            variable).
 
         Returns
         -------
@@ -341,12 +339,12 @@ class EngineSession:
             The session has ended.
         """
         name, run = name or "query", current_run()
-        (persisted, reading, seconds), flags, plan, fused = self._call_engine(
+        (persisted, reading, seconds, plans), fused = self._call_engine(
             "execute", lf, inputs, run, environment, self._late(name, run)
         )
         result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf),
                            engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
-        return self._register(result, plan, reading.memory, lf, flags)
+        return self._register(result, *plans, reading.memory)
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
         def release_late(value: tuple[Any, Any, float]) -> None:  # on the owner thread
@@ -375,8 +373,8 @@ class EngineSession:
 
         Raises
         ------
-        ResultReleasedError, ResultConsumedError
-            ``query`` is a GPUResult that cannot be read; nothing has run.
+        ResultReleasedError, ResultConsumedError, WrongEngineError
+            ``query`` (or an input) is a GPUResult that cannot be read here; nothing has run.
         NotImplementedError, DeviceMemoryError, SessionError
             As for :meth:`execute`.
         """
@@ -386,18 +384,23 @@ class EngineSession:
 
     def _call_engine(self, kind: str, lf: pl.LazyFrame, inputs: Sequence[GPUResult], run: Any,
                      environment: Mapping[str, str | None] | None, on_late: Callable[[Any], None] | None) -> tuple:
-        """Check the plan, run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
+        """Check the plan and run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
         host = self._check_open()
         claimed = claimed_by(inputs, run)
         fused = fused_steps(claimed)
-        flags, plan = prepare(lf)
         self._engine_calls += 1
         try:
-            out = host.call_engine(kind, lf, flags, after=lambda: free_claimed(claimed), env=environment, on_late=on_late)
+            out = host.call_engine(kind, lf, plan=self._plans if kind == "execute" else prepare,
+                                   after=lambda: free_claimed(claimed), env=environment, on_late=on_late)
         except Exception as exc:
             raise_engine_error(exc, note=fused_note(exc, fused))
         self._telemetry.note(out[1])
-        return out, flags, plan, fused
+        return out, fused
+
+    def _plans(self, lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, tuple[str, str | None]]:
+        """The flags, and the plans a result's events and artifact show: logical, and (with ``result_artifacts``) optimized."""
+        flags, plan = prepare(lf)
+        return flags, (plan, lf.explain(optimizations=flags) if self.block.result_artifacts else None)
 
     def defer(self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
               inputs: Sequence[GPUResult] = (), step: FusedStep | None = None) -> GPUResult:
@@ -436,7 +439,7 @@ class EngineSession:
         name, run = name or "query", current_run()
         try:
             schema = lf.collect_schema()
-            flags, plan = prepare(lf)
+            flags, plans = self._plans(lf)
             if running is None:
                 raise SessionError(self.ended_message())
             running.check_plan(lf, flags)  # pure Python (the GPU-support check): on this thread
@@ -450,16 +453,15 @@ class EngineSession:
         own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
         result = GPUResult(HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
                            lineage=lineage or Lineage.of_query(lf, deferred=True))
-        return self._register(result, plan, None, lf, flags)
+        return self._register(result, *plans, None)
 
     def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
         """A live result wrapping what ``like`` handed over (``tee``'s first copy); ``SessionError`` once ended."""
         result = GPUResult(handed, owner=self, name=like.name, run=current_run(), lineage=like.lineage,
                            rows=like.rows, bytes=like.bytes, fused=like.fused)
-        return self._register(result, None, None)
+        return self._register(result, None, None, None)
 
-    def _register(self, result: GPUResult, plan: str | None, memory: int | None,
-                  lf: pl.LazyFrame | None = None, flags: pl.QueryOptFlags | None = None) -> GPUResult:
+    def _register(self, result: GPUResult, plan: str | None, engine_plan: str | None, memory: int | None) -> GPUResult:
         with self._lock:
             open_ = self.state is State.OPEN and not self._ending
             if open_:
@@ -469,7 +471,6 @@ class EngineSession:
         if not open_:
             result.release()
             raise SessionError(self.ended_message())
-        engine_plan = lf.explain(optimizations=flags) if lf is not None and self.block.result_artifacts else None
         self._telemetry.result_created(result, plan, memory, engine_plan)
         return result
 

@@ -126,7 +126,7 @@ class EngineCall:
         Run ``lf`` (a ``polars.LazyFrame``) once on the session, or keep it deferred; the result stays on the engine.
 
         ``lineage``, ``step`` and ``environment`` (set around the engine call
-        alone) as for :meth:`EngineSession.execute <prefect_cudf_polars.blocks.EngineSession.execute>`
+        and its planning alone) as for :meth:`EngineSession.execute <prefect_cudf_polars.blocks.EngineSession.execute>`
         and ``defer``.
 
         Raises

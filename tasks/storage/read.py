@@ -217,6 +217,12 @@ def read_parquet(
         If ``source`` is an empty list, or the block's endpoint URL is not ``http(s)://``.
     TypeError
         If ``credentials`` is not an ``AwsCredentials`` block (``s3://`` sources).
+    NotImplementedError
+        cudf-polars cannot run the scan (the block's ``raise_on_fail``); nothing was read.
+    DeviceMemoryError
+        The engine ran out of device memory (the message names the block fields that help).
+    SessionError
+        The flow run's engine session has ended.
     """
     sources = _sources(source)
     remote = [s for s in sources if is_s3_url(s)]

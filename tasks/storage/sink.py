@@ -196,8 +196,14 @@ def sink_parquet(
         ``AwsCredentials`` block (``s3://`` targets).
     ResultReleasedError, ResultConsumedError, WrongEngineError
         If ``result`` cannot be read in this session (checked before anything is written).
-    NoEngineSessionError
-        If the flow run has no engine session.
+    CannotRecomputeError
+        A retry of this task run needs ``result`` again, and the attempt before
+        read it and its lineage cannot be run again.
+    NotImplementedError, DeviceMemoryError
+        cudf-polars cannot run the write, or ran out of device memory; the
+        partial parts are removed.
+    NoEngineSessionError, SessionError
+        If the flow run has no engine session, or it has ended.
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}.")

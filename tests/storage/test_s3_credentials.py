@@ -7,6 +7,7 @@ import pickle
 import threading
 
 import polars as pl
+from polars.io.plugins import register_io_source
 import pytest
 from prefect import flow, task
 from prefect_aws import AwsClientParameters, AwsCredentials
@@ -100,9 +101,17 @@ def test_environment_is_set_for_the_block_and_restored(monkeypatch):
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ
 
 
-def test_engine_call_sees_the_environment_on_the_owner_thread():
+def test_engine_call_and_its_planning_see_the_environment_on_the_owner_thread():
     env = resolve_s3_access(block()).environment()
     seen: dict[str, str | None] = {}
+    planned: list[tuple[str | None, str]] = []
+
+    def schema() -> pl.Schema:  # polars asks for it while planning, as it lists an object-store scan's objects
+        planned.append((os.environ.get("AWS_SECRET_ACCESS_KEY"), threading.current_thread().name))
+        return pl.Schema({"a": pl.Int64})
+
+    def rows(with_columns, predicate, n_rows, batch_size):
+        yield pl.DataFrame({"a": [1, 2]})
 
     def probe(df: pl.DataFrame) -> pl.DataFrame:  # runs inside the engine call
         seen["secret"], seen["thread"] = os.environ.get("AWS_SECRET_ACCESS_KEY"), threading.current_thread().name
@@ -111,7 +120,7 @@ def test_engine_call_sees_the_environment_on_the_owner_thread():
     @task
     def look() -> int:
         session = get_engine_session()
-        return session.collect(pl.LazyFrame({"a": [1, 2]}).map_batches(probe), environment=env).height
+        return session.collect(register_io_source(rows, schema=schema).map_batches(probe), environment=env).height
 
     # raise_on_fail=False: a Python function runs on the CPU engine (cudf-polars would refuse it).
     @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu", raise_on_fail=False)))
@@ -121,6 +130,8 @@ def test_engine_call_sees_the_environment_on_the_owner_thread():
     assert check() == 2
     assert seen["secret"] == SECRET
     assert seen["thread"].startswith("cudf-polars-engine-owner")
+    assert planned and all(secret == SECRET and thread.startswith("cudf-polars-engine-owner")
+                           for secret, thread in planned), planned
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ or os.environ["AWS_SECRET_ACCESS_KEY"] != SECRET
 
 

@@ -33,7 +33,7 @@ def main(backend: str, address: str, path: str, partition_bytes: int) -> None:
     ready = {
         "ranks": sorted(kept.ranks),
         "rmm_per_rank": session.run(lambda: list(running.read().per_rank)),
-        "cluster": running.extra_description["cluster"],
+        "cluster": session.description["cluster"],
     }
     if backend == "dask":
         ready["uid"] = session.run(lambda: running.engine._dask_ctx.rapidsmpf_id)
