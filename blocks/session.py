@@ -1,8 +1,8 @@
 """
 The engine session: one flow run's scope, its results and every rule of its lifetime.
 
-1. **One owner thread**: the :class:`~prefect_cudf_polars.blocks.engine.EngineHost`
-   creates, uses and shuts down the engine, and holds what it owns in one exit stack.
+1. **One owner thread**: the :class:`~prefect_cudf_polars.blocks.engine.EngineHost` creates, uses
+   and shuts down the engine, and holds what it owns in one exit stack.
 2. **A result belongs to its session and is read at most once**: a task's engine call checks its
    inputs against the task's session first (``WrongEngineError``); a first claim is counted here
    (:meth:`EngineSession.claimed`), a second raises ``ResultConsumedError``.
@@ -16,8 +16,8 @@ The engine session: one flow run's scope, its results and every rule of its life
    counting by the time ``close`` returns. Past the limit, the end line warns. The last session
    SIGTERM ends, on an engine of its own, also reaps multiprocessing's resource tracker (at most
    2 s), so nothing is left in the flow run's process group.
-4. **The engine opens at the first GPU call**; one that cannot start fails that
-   task run, and every later GPU call of the run raises the same error.
+4. **The engine opens at the first GPU call**; one that cannot start fails that task run, and every
+   later GPU call of the run raises the same error.
 5. **Subflows** share the parent's engine host when their blocks are equal
    (:mod:`~prefect_cudf_polars.blocks.nesting`); sessions do not nest within a flow run.
 6. **A session left open at interpreter exit** is closed then, with one warning
@@ -35,15 +35,17 @@ import uuid
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import polars as pl
+from prefect.exceptions import TerminationSignal
 
 from prefect_cudf_polars.blocks import active, exits
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 from prefect_cudf_polars.blocks.backends.compat import stop_resource_tracker
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
-from prefect_cudf_polars.blocks.backends.plans import prepare
+from prefect_cudf_polars.blocks.backends.plans import prepare, prepare_result
 from prefect_cudf_polars.blocks.engine import EngineHost
 from prefect_cudf_polars.blocks.nesting import shared_host
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -97,6 +99,8 @@ class EngineSession:
         Why ``cpu`` runs instead of the GPU backend asked for (said once, in the flow run's log).
     teardown : str
         ``"not started"``, ``"complete"``, or why the end stopped waiting for the engine.
+    host : EngineHost or None
+        The engine host it runs on once open (a subflow's session may share its parent's).
     """
 
     def __init__(self, block: CudfPolarsEngine) -> None:
@@ -108,7 +112,7 @@ class EngineSession:
         self.timings: dict[str, float] = {}
         self.fallback_warning: str | None = None
         self.teardown = "not started"
-        self._host: EngineHost | None = None
+        self.host: EngineHost | None = None
         self._owns_host = False
         self._opened_by = ""
         self._announced = False
@@ -129,8 +133,6 @@ class EngineSession:
         return self.open(activate=True)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        from prefect.exceptions import TerminationSignal
-
         self.close(terminating=isinstance(exc, TerminationSignal))
 
     def open(self, *, activate: bool, parent: EngineSession | None = None) -> EngineSession:
@@ -157,19 +159,24 @@ class EngineSession:
         self._record_run()
         shared = shared_host(self, active.innermost() if activate else None, parent, flow_run=active.flow_run_context())
         if shared is not None:
-            self._host, self.backend = shared._host, shared.backend
+            self.host, self.backend = shared.host, shared.backend
             note = f"{shared.description.get('note', '')}; on the engine of session {shared.id[:8]} ({shared.served_run})"
             self.description = {**shared.description, "note": note}
             self.timings["engine_start_s"] = 0.0
         else:
             self._start()
-        at_start = self._host.at_start if self._owns_host else self._host.read()  # type: ignore[union-attr]
-        self._memory["at_start"] = self._telemetry.note(at_start).memory
-        self._telemetry.backend = self.backend
-        self.state = State.OPEN
-        exits.opened(self)
-        if activate:
-            self._token = active.enter(self)
+        try:
+            at_start = self.host.at_start if self._owns_host else self.host.read()  # type: ignore[union-attr]
+            self._memory["at_start"] = self._telemetry.note(at_start).memory
+            self._telemetry.backend, self.state = self.backend, State.OPEN
+            exits.opened(self)
+            if activate:
+                self._token = active.enter(self)
+        except BaseException:  # nothing has run: end what this opening started
+            self.state, self._closing = State.CLOSED, True
+            if self._owns_host:
+                self.host.shutdown(self.block.teardown_timeout)  # type: ignore[union-attr]
+            raise
         self.announce()
         return self
 
@@ -177,12 +184,12 @@ class EngineSession:
         self.backend, self.fallback_warning = resolve_backend(self.block)
         if self.fallback_warning and self._telemetry.flow_run is None:
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
-        self._host = EngineHost.start(
+        self.host = EngineHost.start(
             self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}", ended=self.ended_message
         )
         self._owns_host = True
-        self.timings["engine_start_s"] = self._host.start_seconds
-        self.description = self._host.description
+        self.timings["engine_start_s"] = self.host.start_seconds
+        self.description = self.host.description
 
     def _record_run(self) -> None:
         if self._telemetry.flow_run is None and (ctx := active.flow_run_context()) is not None:
@@ -240,7 +247,7 @@ class EngineSession:
     @property
     def running_engine(self) -> Any:
         """The backend's running engine while the session is open (for measuring the bare engine beside it)."""
-        return None if self.closed or self._host is None else self._host.running
+        return None if self.closed or self.host is None else self.host.running
 
     def ended_message(self) -> str:
         """What a call into this session says once it has ended."""
@@ -249,12 +256,9 @@ class EngineSession:
         return template.format(id=self.id, by=self._opened_by or "not opened", where=where, limit=self.block.teardown_timeout)
 
     def summary(self) -> dict[str, Any]:
-        """
-        What the session did (a dict): ``session_id``, ``backend``, ``gpus``, ``counts``, ``memory``
-        (bytes ``at_start`` and ``at_end``: rmm statistics, or the ``cpu`` host store), ``peak_memory``
-        and ``peak_memory_per_rank`` (bytes), ``engine_calls``, ``timings`` (seconds),
-        ``shutdown_thread``, ``teardown`` and ``dashboard``.
-        """
+        """What the session did: ``session_id``, ``backend``, ``gpus``, ``counts``, ``memory`` (bytes ``at_start``
+        and ``at_end``: rmm statistics, or the ``cpu`` host store), ``peak_memory`` and ``peak_memory_per_rank``
+        (bytes), ``engine_calls``, ``timings`` (seconds), ``shutdown_thread``, ``teardown`` and ``dashboard``."""
         return {
             "session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
             "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
@@ -285,7 +289,7 @@ class EngineSession:
 
     # ---- engine calls ------------------------------------------------------------
     def _check_open(self) -> EngineHost:
-        host = self._host
+        host = self.host
         if self.closed or host is None:
             raise SessionError(self.ended_message())
         return host
@@ -388,19 +392,16 @@ class EngineSession:
         host = self._check_open()
         claimed = claimed_by(inputs, run)
         fused = fused_steps(claimed)
-        self._engine_calls += 1
+        with self._lock:
+            self._engine_calls += 1
         try:
-            out = host.call_engine(kind, lf, plan=self._plans if kind == "execute" else prepare,
-                                   after=lambda: free_claimed(claimed), env=environment, on_late=on_late)
+            plan = partial(prepare_result, optimized=self.block.result_artifacts) if kind == "execute" else prepare
+            out = host.call_engine(kind, lf, plan=plan, after=lambda: free_claimed(claimed), env=environment,
+                                   on_late=on_late)
         except Exception as exc:
             raise_engine_error(exc, note=fused_note(exc, fused))
         self._telemetry.note(out[1])
         return out, fused
-
-    def _plans(self, lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, tuple[str, str | None]]:
-        """The flags, and the plans a result's events and artifact show: logical, and (with ``result_artifacts``) optimized."""
-        flags, plan = prepare(lf)
-        return flags, (plan, lf.explain(optimizations=flags) if self.block.result_artifacts else None)
 
     def defer(self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
               inputs: Sequence[GPUResult] = (), step: FusedStep | None = None) -> GPUResult:
@@ -439,15 +440,13 @@ class EngineSession:
         name, run = name or "query", current_run()
         try:
             schema = lf.collect_schema()
-            flags, plans = self._plans(lf)
+            flags, plans = prepare_result(lf, optimized=self.block.result_artifacts)
             if running is None:
                 raise SessionError(self.ended_message())
             running.check_plan(lf, flags)  # pure Python (the GPU-support check): on this thread
         except Exception as exc:
-            exc.add_note(
-                f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
-                "and checks its plan before the task that reads it runs it."
-            )
+            exc.add_note(f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
+                         "and checks its plan before the task that reads it runs it.")
             raise
         held = tuple(claimed_by(inputs, run))
         own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
@@ -499,7 +498,7 @@ class EngineSession:
 
     def free(self, persisted: Any) -> None:
         """Release ``persisted`` on the owner thread, without waiting for it; once the engine has shut down, let it go."""
-        if self._host is None or not self._host.post(persisted.release):
+        if self.host is None or not self.host.post(persisted.release):
             persisted.forget()  # the shutdown closed its store
 
     # ---- the end -----------------------------------------------------------------
@@ -532,7 +531,7 @@ class EngineSession:
                 return self.summary()
             self._closing = True
         limit = min(self.block.teardown_timeout, TERMINATING_TEARDOWN_S) if terminating else self.block.teardown_timeout
-        host, done, still, interrupted = self._host, True, 0, None
+        host, done, still, interrupted = self.host, True, 0, None
         try:
             still = self._served.wait(limit)
             with self._lock:
@@ -559,7 +558,7 @@ class EngineSession:
             for result in list(self._all):
                 result.end(tombstone, drop=done)
             self._all = weakref.WeakSet()
-            self.state, self._host = State.CLOSED, (None if done else host)
+            self.state, self.host = State.CLOSED, (None if done else host)
             last = exits.closed(self)
             if self._token is not None:
                 active.leave(self._token, self)
@@ -592,7 +591,7 @@ class EngineSession:
 
     def _last_call(self) -> None:
         """On the owner thread, before the engine shuts down: what it holds at the end."""
-        running = self._host.running if self._host is not None else None
+        running = self.host.running if self.host is not None else None
         if running is not None:
             self._memory["at_end"] = self._telemetry.note(running.read()).memory
 

@@ -54,6 +54,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     ----------
     session : EngineSession or None
         The flow run's session once its engine has opened, until the runner exits.
+    max_workers : int or None
+        As given (``None``: Prefect's ``PREFECT_TASKS_RUNNER_THREAD_POOL_MAX_WORKERS``).
 
     Raises
     ------
@@ -75,6 +77,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                 f"one, not {type(engine).__name__}"
             )
         super().__init__(max_workers=max_workers)
+        self.max_workers = max_workers
         self.engine = engine if engine is not None else CudfPolarsEngine()
         self.session: EngineSession | None = None
         self._open_lock = threading.Lock()
@@ -85,7 +88,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def duplicate(self) -> CudfPolarsTaskRunner:
         """A fresh, unstarted runner with the same engine and thread count."""
-        return type(self)(engine=self.engine, max_workers=self._max_workers)
+        return type(self)(engine=self.engine, max_workers=self.max_workers)
 
     def __enter__(self) -> CudfPolarsTaskRunner:
         super().__enter__()
@@ -182,7 +185,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def __eq__(self, value: object) -> bool:
         same_type = isinstance(value, CudfPolarsTaskRunner)
-        return same_type and (self._max_workers, self.engine) == (value._max_workers, value.engine)
+        return same_type and (self.max_workers, self.engine) == (value.max_workers, value.engine)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -96,3 +96,17 @@ def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
         if _ZERO_COLUMN_SCAN.search(optimized):
             raise NotImplementedError(ZERO_COLUMN_MESSAGE)
     return flags, plan
+
+
+def prepare_result(lf: pl.LazyFrame, *, optimized: bool) -> tuple[pl.QueryOptFlags, tuple[str, str | None]]:
+    """
+    :func:`prepare`, and the plans a result's events and artifact show.
+
+    Returns
+    -------
+    (flags, (plan, optimized_plan))
+        As for :func:`prepare`; ``optimized_plan`` is the plan the engine runs
+        (``LazyFrame.explain(optimizations=flags)``) when ``optimized``, else ``None``.
+    """
+    flags, plan = prepare(lf)
+    return flags, (plan, lf.explain(optimizations=flags) if optimized else None)

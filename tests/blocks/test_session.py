@@ -250,3 +250,22 @@ def test_a_close_interrupted_while_it_waits_still_ends_the_engine(orders):
     with pytest.raises(SessionError, match="has ended"):
         session.execute(pl.scan_parquet(orders))
     assert session.close()["teardown"] == session.teardown  # a second close changes nothing
+
+
+def test_an_opening_that_fails_after_its_engine_started_ends_that_engine(cpu_block, monkeypatch):
+    """A step of ``open`` after the engine started that fails (here the interpreter-exit hook) shuts the engine
+    down on its owner thread before the error propagates; the session cannot be opened again."""
+    from prefect_cudf_polars.blocks import exits
+
+    def refuse(session):
+        raise RuntimeError("cannot register the exit hook")
+
+    monkeypatch.setattr(exits, "opened", refuse)
+    session = cpu_block.session()
+    with pytest.raises(RuntimeError, match="cannot register the exit hook"):
+        session.__enter__()
+    owner = f"cudf-polars-engine-owner-{session.id[:8]}"
+    assert session.closed and session.running_engine is None
+    wait_until(lambda: not any(t.name == owner for t in threading.enumerate()), 10, "the owner thread ended")
+    with pytest.raises(SessionError, match="already opened"):
+        session.__enter__()

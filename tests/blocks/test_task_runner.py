@@ -65,7 +65,7 @@ def test_results_chain_and_are_released_when_the_flow_run_ends(orders):
 def test_each_flow_run_gets_its_own_session_from_duplicate():
     runner = CudfPolarsTaskRunner("some-saved-block", max_workers=3)
     copy = runner.duplicate()
-    assert copy is not runner and copy.engine == "some-saved-block" and copy._max_workers == 3
+    assert copy is not runner and copy.engine == "some-saved-block" and copy.max_workers == 3
     assert copy.session is None
     ids = []
 
