@@ -232,11 +232,10 @@ class EngineHost:
         One engine call on the owner thread, in one hand-off: ``plan(lf)``, ``kind`` (``"execute"`` or ``"collect"``), then ``after()``.
 
         ``plan`` runs with ``env`` set, as the engine call does: planning an
-        object-store scan lists its objects and reads their schema. When it
-        raises, nothing has run and ``after()`` is not called. ``after()`` runs
-        whether the engine call succeeded or not (a session frees what the
-        call's claimed inputs still hold there); then the engine's memory is
-        read, with the rows and bytes of a persisted result.
+        object-store scan lists its objects and reads their schema. ``after()``
+        runs whether the plan and the engine call succeeded or not (a session
+        frees what the call's claimed inputs still hold there); then the
+        engine's memory is read, with the rows and bytes of a persisted result.
 
         Parameters
         ----------
@@ -265,18 +264,19 @@ class EngineHost:
         SessionError
             If the host has shut down.
         Exception
-            What the engine raised.
+            What ``plan`` or the engine raised (planning raises polars' errors:
+            a file or column that is not there).
         """
 
         def call() -> tuple[Any, Reading, float, P]:
-            running = self._engine()
-            with self._environment(running, env):
-                flags, planned = plan(lf)
-                started = time.perf_counter()
-                try:
+            running, started = self._engine(), time.perf_counter()
+            try:
+                with self._environment(running, env):
+                    flags, planned = plan(lf)
+                    started = time.perf_counter()
                     value = getattr(running, kind)(lf, flags)
-                finally:
-                    after()
+            finally:
+                after()
             seconds = time.perf_counter() - started
             return value, running.read(value if kind == "execute" else None), seconds, planned
 
@@ -289,11 +289,11 @@ class EngineHost:
             yield
             return
         with environment(env):
-            running.set_rank_environment(env)
             try:
+                running.set_rank_environment(env)
                 yield
             finally:
-                running.set_rank_environment({name: None for name in env})
+                running.restore_rank_environment()
 
     def read(self) -> Reading:
         """The engine's memory now, read on the owner thread."""

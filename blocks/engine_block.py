@@ -445,6 +445,7 @@ def load_engine_block(name: str) -> CudfPolarsEngine:
     Returns
     -------
     CudfPolarsEngine
+        The block itself, never a coroutine.
 
     Raises
     ------

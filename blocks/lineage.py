@@ -75,20 +75,25 @@ class Lineage:
         Readable name of the step, e.g. ``"gpu_task 'summarise'"``.
     deferred
         The step is deferred: a replay defers it again.
+    environment
+        What the engine call had set (object-store credentials of an S3 read);
+        a replay sets it again. Never shown.
     """
 
-    __slots__ = ("args", "build", "deferred", "kwargs", "label")
+    __slots__ = ("args", "build", "deferred", "environment", "kwargs", "label")
 
     def __init__(self, build: Callable[..., pl.LazyFrame], args: tuple[Any, ...] = (),
-                 kwargs: Mapping[str, Any] | None = None, *, label: str, deferred: bool = False) -> None:
+                 kwargs: Mapping[str, Any] | None = None, *, label: str, deferred: bool = False,
+                 environment: Mapping[str, str | None] | None = None) -> None:
         self.build, self.args, self.kwargs = build, tuple(args), dict(kwargs) if kwargs else {}
-        self.label, self.deferred = label, deferred
+        self.label, self.deferred, self.environment = label, deferred, environment
 
     @classmethod
-    def of_query(cls, query: Any, *, deferred: bool = False) -> Lineage:
-        """The lineage of ``execute(query)`` (a LazyFrame or a GPUResult), deferred or not."""
+    def of_query(cls, query: Any, *, deferred: bool = False,
+                 environment: Mapping[str, str | None] | None = None) -> Lineage:
+        """The lineage of ``execute(query)`` (a LazyFrame or a GPUResult), deferred or not, with its call's environment."""
         label = "execute(LazyFrame)" if isinstance(query, pl.LazyFrame) else "execute(GPUResult)"
-        return cls(_run_as_is, (query,), label=label, deferred=deferred)
+        return cls(_run_as_is, (query,), label=label, deferred=deferred, environment=environment)
 
     def unreplayable_reason(self, _depth: int = 0) -> str | None:
         """

@@ -104,18 +104,14 @@ class EngineSession:
     """
 
     def __init__(self, block: CudfPolarsEngine) -> None:
-        self.id = uuid.uuid4().hex
-        self.block = block
-        self.state = State.NEW
+        self.id, self.block, self.state = uuid.uuid4().hex, block, State.NEW
         self.backend: str | None = None
         self.description: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         self.fallback_warning: str | None = None
-        self.teardown = "not started"
+        self.teardown, self._opened_by = "not started", ""
         self.host: EngineHost | None = None
-        self._owns_host = False
-        self._opened_by = ""
-        self._announced = False
+        self._owns_host = self._announced = False
         self._closing = self._ending = False  # close() under way / past waiting for the runs it serves
         self._token: contextvars.Token[Any] | None = None
         self._lock = threading.Lock()
@@ -125,8 +121,7 @@ class EngineSession:
         self._memory: dict[str, int | None] = {}
         self._engine_calls = 0
         self._shutdown_thread: str | None = None
-        self._served = active.ServedRuns()
-        self._telemetry = SessionTelemetry(self.id, block.result_artifacts)
+        self._served, self._telemetry = active.ServedRuns(), SessionTelemetry(self.id, block.result_artifacts)
 
     # ---- opening -------------------------------------------------------------
     def __enter__(self) -> EngineSession:
@@ -316,7 +311,7 @@ class EngineSession:
         name : str, optional
             The result's name (default ``"query"``).
         lineage : Lineage, optional
-            How to produce the result again (default: ``lf``).
+            How to produce the result again (default: ``lf``, with ``environment``).
         inputs : sequence of GPUResult
             The results ``lf`` was built from that this call may have claimed:
             what they still hold is freed in the same hand-off, success or
@@ -333,6 +328,8 @@ class EngineSession:
 
         Raises
         ------
+        polars.exceptions.PolarsError, FileNotFoundError
+            Planning failed (a column or file that is not there); nothing has run.
         NotImplementedError
             The plan is refused before it runs (a zero-column read of a result), or cudf-polars cannot run it.
         ResultConsumedError
@@ -346,12 +343,12 @@ class EngineSession:
         (persisted, reading, seconds, plans), fused = self._call_engine(
             "execute", lf, inputs, run, environment, self._late(name, run)
         )
-        result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf),
+        result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf, environment=environment),
                            engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
         return self._register(result, *plans, reading.memory)
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
-        def release_late(value: tuple[Any, Any, float]) -> None:  # on the owner thread
+        def release_late(value: tuple[Any, ...]) -> None:  # on the owner thread
             value[0].release()
             with self._lock:
                 for count in ("produced", "released_unconsumed"):
@@ -392,14 +389,18 @@ class EngineSession:
         host = self._check_open()
         claimed = claimed_by(inputs, run)
         fused = fused_steps(claimed)
-        with self._lock:
-            self._engine_calls += 1
+        prepared = partial(prepare_result, optimized=self.block.result_artifacts) if kind == "execute" else prepare
+        planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed
         try:
-            plan = partial(prepare_result, optimized=self.block.result_artifacts) if kind == "execute" else prepare
-            out = host.call_engine(kind, lf, plan=plan, after=lambda: free_claimed(claimed), env=environment,
-                                   on_late=on_late)
+            out = host.call_engine(kind, lf, plan=lambda query: planned.append(prepared(query)) or planned[0],
+                                   after=lambda: free_claimed(claimed), env=environment, on_late=on_late)
         except Exception as exc:
+            if not planned:  # refused while planning (polars' error, or ours): nothing ran, nothing to translate
+                raise
             raise_engine_error(exc, note=fused_note(exc, fused))
+        finally:
+            with self._lock:
+                self._engine_calls += bool(planned)
         self._telemetry.note(out[1])
         return out, fused
 

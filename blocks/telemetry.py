@@ -40,6 +40,7 @@ import contextvars
 import inspect
 import logging
 import re
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -200,13 +201,15 @@ class SessionTelemetry:
         self.peak_per_rank: dict[int, int] = {}
         self._results: dict[str, dict[str, Any]] = {}  # result id -> its row in the summary
         self._unlisted = 0  # results past SUMMARY_RESULTS
+        self._lock = threading.Lock()  # task threads note readings and add results at once
 
     def note(self, reading: Any) -> Any:
         """Keep the peaks of an engine reading (bytes, in total and per rank); returns the reading."""
-        self.peak = max((value for value in (self.peak, reading.memory) if value is not None), default=None)
-        for rank, value in enumerate(reading.per_rank):
-            if value is not None and value > self.peak_per_rank.get(rank, -1):
-                self.peak_per_rank[rank] = value
+        with self._lock:
+            self.peak = max((value for value in (self.peak, reading.memory) if value is not None), default=None)
+            for rank, value in enumerate(reading.per_rank):
+                if value is not None and value > self.peak_per_rank.get(rank, -1):
+                    self.peak_per_rank[rank] = value
         return reading
 
     def attach(self, flow_run: Any, flow: Any) -> None:
@@ -230,6 +233,8 @@ class SessionTelemetry:
         """The session's first use inside its flow run: the start line, ``engine.started``."""
         ranks, versions = description.get("ranks", 1), description.get("versions", {})
         gpus = self.gpus = list(description.get("gpus") or [])
+        if fallback_warning:  # why the backend below is cpu, first
+            self.log(logging.WARNING, "%s", fallback_warning)
         self.log(
             logging.INFO,
             "cudf-polars engine session started: backend=%s (%s); %s; %s rank(s); %s; engine start %.2f s",
@@ -239,8 +244,6 @@ class SessionTelemetry:
         if description.get("cluster") or description.get("dashboard"):
             self.log(logging.INFO, "cudf-polars cluster: %s; dashboard %s", description.get("cluster", "?"),
                      description.get("dashboard") or "none")
-        if fallback_warning:
-            self.log(logging.WARNING, "%s", fallback_warning)
         self._emit(ENGINE_STARTED, self._session_resource(), {
             "backend": self.backend, "gpus": gpus, "ranks": ranks, "versions": versions,
             "engine_start_s": start_seconds, "fallback_warning": fallback_warning,
@@ -254,13 +257,14 @@ class SessionTelemetry:
         optimized plan the engine ran (the artifact's, when asked for).
         """
         plan = _limited(plan or "(the same plan as the result it was split from)")
-        self._unlisted += len(self._results) >= SUMMARY_RESULTS
-        if len(self._results) < SUMMARY_RESULTS:
-            self._results[result.id] = {
-                "name": result.name, "produced_by": result.produced_by, "state": "live", "rows": result.rows,
-                "bytes": result.bytes, "partitions": result.partitions, "engine_seconds": result.engine_seconds,
-                "deferred": result.deferred, "producer": result.produced_by_task_run_id,
-            }
+        with self._lock:
+            self._unlisted += len(self._results) >= SUMMARY_RESULTS
+            if len(self._results) < SUMMARY_RESULTS:
+                self._results[result.id] = {
+                    "name": result.name, "produced_by": result.produced_by, "state": "live", "rows": result.rows,
+                    "bytes": result.bytes, "partitions": result.partitions, "engine_seconds": result.engine_seconds,
+                    "deferred": result.deferred, "producer": result.produced_by_task_run_id,
+                }
         self._emit(RESULT_CREATED, result_resource(result), {
             "name": result.name, "backend": result.backend, "ranks": list(result.ranks),
             "partitions": result.partitions, "schema": {k: str(v) for k, v in result.schema.items()},

@@ -222,7 +222,7 @@ def replay(session: EngineSession, result: GPUResult, *, retry: bool = False) ->
         args, kwargs = call.args
         return call.execute(
             lineage.build(*args, **kwargs), name=result.name, lineage=lineage, defer=lineage.deferred,
-            step=result.deferred_step,
+            step=result.deferred_step, environment=lineage.environment,
         )
 
 

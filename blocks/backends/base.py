@@ -111,6 +111,9 @@ class RunningEngine(abc.ABC):
     def set_rank_environment(self, env: Mapping[str, str | None]) -> None:
         """Set (``None``: unset) environment variables on every rank in another process (default: none)."""
 
+    def restore_rank_environment(self) -> None:
+        """Put back, on every rank in another process, what the last :meth:`set_rank_environment` replaced."""
+
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """Backend, GPUs (names), ranks and versions, for logs and artifacts."""

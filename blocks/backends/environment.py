@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 _LOCK = threading.RLock()
+#: On a rank: what each environment set there replaced, last first (engine calls are serialized).
+_RANK_PREVIOUS: list[dict[str, str | None]] = []
 
 
 def apply_environment(env: Mapping[str, str | None]) -> dict[str, str | None]:
@@ -53,7 +55,14 @@ def apply_environment(env: Mapping[str, str | None]) -> dict[str, str | None]:
 
 def apply_environment_on_rank(env: dict[str, str | None]) -> bool:
     """Rank-side :func:`apply_environment` (module-level, so workers import it by name; returns JSON)."""
-    apply_environment(env)
+    _RANK_PREVIOUS.append(apply_environment(env))
+    return True
+
+
+def restore_environment_on_rank() -> bool:
+    """Rank-side: put back what the last :func:`apply_environment_on_rank` replaced (nothing if none is kept)."""
+    if _RANK_PREVIOUS:
+        apply_environment(_RANK_PREVIOUS.pop())
     return True
 
 

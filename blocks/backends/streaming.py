@@ -20,7 +20,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
-from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank
+from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank, restore_environment_on_rank
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -147,6 +147,10 @@ class StreamingRunningEngine(RunningEngine):
     def set_rank_environment(self, env: Mapping[str, str | None]) -> None:
         if self.backend != "spmd":  # spmd's one rank is this process
             compat.run_on_ranks(self.engine, apply_environment_on_rank, dict(env))
+
+    def restore_rank_environment(self) -> None:
+        if self.backend != "spmd":
+            compat.run_on_ranks(self.engine, restore_environment_on_rank)
 
     def describe(self) -> dict[str, Any]:
         return {

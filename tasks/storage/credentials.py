@@ -103,21 +103,10 @@ class S3Access:
             for the call" (so a stale ``AWS_ENDPOINT_URL`` or session token of the
             process is not picked up).
         """
-        env: dict[str, str | None] = {
-            "AWS_DEFAULT_REGION": self.region,
-            "AWS_REGION": self.region,
-            "AWS_ENDPOINT_URL": self.endpoint_url,
-            "AWS_ACCESS_KEY_ID": None,
-            "AWS_SECRET_ACCESS_KEY": None,
-            "AWS_SESSION_TOKEN": None,
-        }
-        if not self.anonymous:
-            assert self.access_key_id is not None and self.secret_access_key is not None
-            env["AWS_ACCESS_KEY_ID"] = self.access_key_id.get_secret_value()
-            env["AWS_SECRET_ACCESS_KEY"] = self.secret_access_key.get_secret_value()
-            if self.session_token is not None:
-                env["AWS_SESSION_TOKEN"] = self.session_token.get_secret_value()
-        return env
+        keys = () if self.anonymous else (self.access_key_id, self.secret_access_key, self.session_token)
+        names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+        return {"AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region, "AWS_ENDPOINT_URL": self.endpoint_url,
+                **dict.fromkeys(names), **dict(zip(names, map(_reveal, keys)))}
 
     def client(self) -> Any:
         """

@@ -217,6 +217,9 @@ def read_parquet(
         If ``source`` is an empty list, or the block's endpoint URL is not ``http(s)://``.
     TypeError
         If ``credentials`` is not an ``AwsCredentials`` block (``s3://`` sources).
+    FileNotFoundError, polars.exceptions.ColumnNotFoundError
+        A local path does not exist, or ``columns`` or ``predicate`` names a
+        column the files do not have; nothing was read.
     NotImplementedError
         cudf-polars cannot run the scan (the block's ``raise_on_fail``); nothing was read.
     DeviceMemoryError

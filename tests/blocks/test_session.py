@@ -269,3 +269,14 @@ def test_an_opening_that_fails_after_its_engine_started_ends_that_engine(cpu_blo
     wait_until(lambda: not any(t.name == owner for t in threading.enumerate()), 10, "the owner thread ended")
     with pytest.raises(SessionError, match="already opened"):
         session.__enter__()
+
+
+def test_a_plan_refused_while_planning_frees_the_inputs_it_claimed_in_the_same_hand_off(cpu_block, orders):
+    before = held_partitions()
+    with cpu_block.session() as session:
+        r = session.execute(pl.scan_parquet(orders), name="orders")
+        with pytest.raises(NotImplementedError, match="zero-column") as refused:
+            session.collect(r.lazy().select(pl.lit(1)), inputs=[r])
+        assert held_partitions() == before  # freed by the refused call, not at the session's end
+        assert not getattr(refused.value, "__notes__", None)  # the reader's own error, as planning raised it
+        assert session.summary()["engine_calls"] == 1 and r.state == "consumed"

@@ -174,6 +174,7 @@ def assert_refused_before_the_engine_ran(state, session) -> None:
         state.result()
     assert session.live_results == ()
     assert session.summary()["counts"] == {"produced": 1, "consumed": 1, "released_unconsumed": 0}
+    assert session.summary()["engine_calls"] == 1  # the execute: a plan refused while planning is no engine call
 
 
 @pytest.mark.parametrize("form", list(ZERO_COLUMN_READS))

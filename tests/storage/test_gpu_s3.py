@@ -129,6 +129,29 @@ def test_s3_read_on_dask_sets_the_environment_on_every_rank(moto_s3, data_bucket
     assert_frame_equal(got, expected_summary(table), check_dtypes=False, rel_tol=1e-9)
 
 
+def test_a_retry_reads_s3_again_on_the_gpu_with_the_blocks_keys(spmd, moto_s3, data_bucket, table):
+    """A task whose first attempt consumed an S3 read's result is retried on a recomputed one: the
+    replayed read plans and reads with the block's keys (moto checks signatures)."""
+    attempts: list[str] = []
+
+    @gpu_task(retries=1, retry_delay_seconds=0)
+    def flaky_summary(r: GPUResult) -> pl.LazyFrame:
+        lf = r.lazy()
+        attempts.append(r.id)
+        if len(attempts) == 1:
+            raise OSError("transient failure after reading the input")
+        return lf.group_by("key").agg(pl.col("x").sum(), pl.len().alias("n")).sort("key")
+
+    @flow(task_runner=CudfPolarsTaskRunner(spmd))
+    def pipeline():
+        r = read_parquet(f"s3://{data_bucket}/in/*.parquet", moto_s3.credentials(), predicate=pl.col("y") < 50)
+        return collect(flaky_summary(r)), r.id
+
+    got, original = pipeline()
+    assert attempts[0] == original and attempts[1] != original
+    assert_frame_equal(got, expected_summary(table), check_dtypes=False, rel_tol=1e-9)
+
+
 def test_wrong_keys_fail_clearly_before_and_inside_the_engine(spmd, moto_s3, data_bucket):
     wrong = "WRONG-gpu-secret-0123456789"
     creds = moto_s3.credentials(secret=wrong)

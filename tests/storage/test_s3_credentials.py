@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.blocks.backends.environment import environment as aws_environment
+from prefect_cudf_polars.tasks import GPUResult, collect, gpu_task
 from prefect_cudf_polars.tasks.storage.credentials import resolve_s3_access, scrub
 
 SECRET = "s3cr3t/KEY+with=odd-chars"
@@ -133,6 +134,40 @@ def test_engine_call_and_its_planning_see_the_environment_on_the_owner_thread():
     assert planned and all(secret == SECRET and thread.startswith("cudf-polars-engine-owner")
                            for secret, thread in planned), planned
     assert "AWS_SECRET_ACCESS_KEY" not in os.environ or os.environ["AWS_SECRET_ACCESS_KEY"] != SECRET
+
+
+def test_a_retry_recomputes_its_input_with_the_environment_that_input_was_read_with(monkeypatch):
+    """A GPU S3 read's credentials travel as its engine call's environment; a retry that recomputes its
+    result (the first attempt consumed it) runs the read again with them."""
+    from prefect_cudf_polars.blocks import EngineSession
+
+    env = resolve_s3_access(block()).environment()
+    calls: list[tuple[str, object]] = []
+    original_execute = EngineSession.execute
+
+    def spy(self, lf, **kwargs):
+        calls.append((kwargs.get("name"), kwargs.get("environment")))
+        return original_execute(self, lf, **kwargs)
+
+    monkeypatch.setattr(EngineSession, "execute", spy)
+    attempts: list[str] = []
+
+    @gpu_task(retries=1, retry_delay_seconds=0)
+    def flaky(r: GPUResult) -> pl.LazyFrame:
+        lf = r.lazy()  # claims r: a retry needs it recomputed
+        attempts.append(r.id)
+        if len(attempts) == 1:
+            raise OSError("transient failure after reading the input")
+        return lf
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    def check():
+        r = get_engine_session().execute(pl.LazyFrame({"a": [1, 2]}), name="read", environment=env)
+        return collect(flaky(r)).height, r.id
+
+    height, original = check()
+    assert height == 2 and attempts[0] == original and attempts[1] != original
+    assert [environment for name, environment in calls if name == "read"] == [env, env], calls
 
 
 def test_secret_fields_stay_secret_in_the_saved_block():
