@@ -123,8 +123,8 @@ class GPUSupportCheck:
             why = "cudf-polars is not installed here" if missing else (
                 f"cudf-polars cannot be imported here ({type(exc).__name__}: {exc})"
             )
-            return cls(f"GPU support not checked: {why}; install cudf-polars-cu13 or -cu12 26.10 "
-                       "(the check extra) to refuse on the CPU what the GPU would refuse")
+            return cls(f"GPU support not checked: {why}; install the check extra "
+                       "(pip install 'prefect-cudf-polars[check]') to refuse on the CPU what the GPU would refuse")
         version = cudf_polars.__version__
         try:
             engine = check_engine(block)

@@ -49,9 +49,10 @@ ZERO_COLUMN_MESSAGE = (
     "This query reads a GPU result's frame (or another polars IO source) without any "
     "of its columns, for example `with_row_index()` keeping only the index, "
     "`select(pl.lit(1))`, or SQL `count(*)`. cudf-polars 26.10 does not support a "
-    "zero-column projection of a persisted result, so no engine runs it. Select at "
-    "least one of the result's columns: `result.lazy().select(pl.len())` counts rows, "
-    "and `result.lazy().with_row_index().select('index', <a column>)` numbers them."
+    "zero-column projection of a persisted result, so no engine runs it. Read at "
+    "least one of the result's columns: `result.lazy().select(pl.len())` counts rows "
+    "(polars reads one column for it), and "
+    "`result.lazy().with_row_index().select('index', <a column>)` numbers them."
 )
 
 
