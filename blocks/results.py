@@ -406,7 +406,7 @@ class GPUResult:
     # ---- releasing ----------------------------------------------------------
     def release(self) -> None:
         """
-        Free the result's memory now (idempotent; never raises).
+        Free the result's memory (idempotent; never raises): queued on the engine's owner thread, not waited for.
 
         A live result becomes ``"released"``. A consumed one keeps its state,
         and what its read left behind (a failed query, an unread scan) is

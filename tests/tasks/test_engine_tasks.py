@@ -117,6 +117,7 @@ def test_a_failing_step_frees_the_input_it_claimed(orders):
             breaks(r)
         except ValueError:
             pass
+        get_engine_session().run(lambda: None)  # the free is queued on the owner thread: let it run first
         seen["after"] = held_partitions()
         return r.state
 
