@@ -269,7 +269,7 @@ class EngineHost:
         """
 
         def call() -> tuple[Any, Reading, float, P]:
-            running, started = self._engine(), time.perf_counter()
+            running = self._engine()
             try:
                 with self._environment(running, env):
                     flags, planned = plan(lf)

@@ -134,9 +134,8 @@ class EngineSession:
         """
         Start the engine on a new engine host, or run on the enclosing flow run's host; returns ``self``.
 
-        ``activate`` makes this the innermost session provider here (``with
-        block.session():``), and the enclosing flow run's session is found here;
-        a subflow's runner passes its ``parent`` session instead.
+        ``activate`` makes this the innermost session provider here (``with block.session():``), and the
+        enclosing flow run's session is found here; a subflow's runner passes its ``parent`` session instead.
 
         Raises
         ------
@@ -146,7 +145,7 @@ class EngineSession:
         NoGPUError
             A GPU backend was asked for and no usable GPU or RAPIDS stack is here.
         Exception
-            What the backend raised when its engine could not start (what it started is shut down).
+            What the engine's start, or a later step of the opening, raised (what it started is shut down).
         """
         if self.state is not State.NEW or self._closing:
             raise SessionError("This engine session was already opened; open a new one with CudfPolarsEngine.session().")
@@ -169,6 +168,7 @@ class EngineSession:
                 self._token = active.enter(self)
         except BaseException:  # nothing has run: end what this opening started
             self.state, self._closing = State.CLOSED, True
+            exits.closed(self)  # nothing to close at interpreter exit
             if self._owns_host:
                 self.host.shutdown(self.block.teardown_timeout)  # type: ignore[union-attr]
             raise
