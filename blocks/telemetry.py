@@ -72,6 +72,14 @@ TEARDOWN_WARNING = (
     "engine's processes may be gone; the CUDA driver frees the device memory of processes that end. If a "
     "normal teardown needs longer, raise teardown_timeout on the engine block."
 )
+UNREAD_WARNING = (
+    "cudf-polars engine session ended with %d result(s) no task read, released unread: %s. A result is "
+    "for a later task to read (a gpu_task, execute, collect, tee or sink_parquet given the result); one "
+    "returned from the flow or never passed on ends with its flow run: collect it to keep its rows, or "
+    "do not produce it."
+)
+#: Most results the unread warning names.
+UNREAD_NAMED = 20
 SERVED_WARNING = (
     "cudf-polars engine session %s ended with %d task run(s) it serves still running after %g s "
     "(teardown_timeout); they fail at their next engine call with an error naming this session. Wait on "
@@ -201,6 +209,7 @@ class SessionTelemetry:
         self.peak_per_rank: dict[int, int] = {}
         self._results: dict[str, dict[str, Any]] = {}  # result id -> its row in the summary
         self._unlisted = 0  # results past SUMMARY_RESULTS
+        self._unread: list[str] = []  # results released unread at the session's end
         self._lock = threading.Lock()  # task threads note readings and add results at once
 
     def note(self, reading: Any) -> Any:
@@ -296,6 +305,8 @@ class SessionTelemetry:
         """A result was released before anyone read it: ``result.released``, naming the producer."""
         row = self._results.get(result.id, {})
         row["state"] = "released unread"
+        if at_session_end:
+            self._unread.append(f"{result.name!r} ({'deferred, ' if result.deferred else ''}from {result.produced_by})")
         self._emit(RESULT_RELEASED, result_resource(result), {
             "name": result.name, "unconsumed": True, "at_session_end": at_session_end,
         }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
@@ -318,6 +329,9 @@ class SessionTelemetry:
             memory.get("at_start"), summary["peak_memory"], memory.get("at_end"),
             timings.get("engine_start_s", 0.0), timings.get("engine_shutdown_s", 0.0), summary["shutdown_thread"],
         )
+        if unread := self._unread:
+            more = f" and {len(unread) - UNREAD_NAMED} more" if len(unread) > UNREAD_NAMED else ""
+            self.log(logging.WARNING, UNREAD_WARNING, len(unread), ", ".join(unread[:UNREAD_NAMED]) + more)
         if still_served:
             self.log(logging.WARNING, SERVED_WARNING, self.session_id, still_served, limit)
         if summary["teardown"].startswith("stopped waiting"):

@@ -5,11 +5,14 @@ read back through Prefect's client API (cpu backend, real local API).
 
 from __future__ import annotations
 
+import logging
+import re
+
 import polars as pl
 import pytest
 from prefect import flow
 
-from api_reads import artifacts_of, events_of, related_ids, task_runs_of
+from api_reads import artifacts_of, events_of, log_records, related_ids, task_runs_of
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 from prefect_cudf_polars.blocks.telemetry import summary_key
@@ -64,6 +67,42 @@ def test_session_summary_is_a_keyed_artifact_of_the_flow_run(orders, opened_by):
     # A second flow run adds a version under the same key.
     assert pipeline(return_state=True).is_completed()
     assert len(artifacts_of(key=key)) == 2
+
+
+@gpu_task(name="big-orders", defer=True)
+def big_orders(path: str) -> pl.LazyFrame:
+    return pl.scan_parquet(path).filter(pl.col("amount") > 50)
+
+
+def test_the_sessions_end_warns_naming_every_result_no_task_read(orders):
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    def pipeline():
+        collect(customer_totals(execute(pl.scan_parquet(orders), name="orders")))
+        execute(pl.scan_parquet(orders).head(10), name="left-over")
+        big_orders(orders)  # a deferred step whose reader never runs
+        return execute(pl.scan_parquet(orders), name="returned")
+
+    state = pipeline(return_state=True)
+    assert state.is_completed(), state
+    warning = "no task read, released unread"
+    [record] = [r for r in log_records(state.state_details.flow_run_id, expect=warning) if warning in r.message]
+    assert record.level == logging.WARNING
+    assert record.message.startswith("cudf-polars engine session ended with 3 result(s) no task read")
+    named = re.findall(r"'([\w-]+)' \((deferred, )?from task run '([\w-]+)'", record.message)
+    assert sorted(named) == [("big-orders", "deferred, ", "big-orders"), ("left-over", "", "left-over"),
+                             ("returned", "", "returned")]
+    assert "collect it to keep its rows" in record.message
+
+
+def test_with_every_result_read_the_sessions_end_has_no_unread_warning(orders):
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    def pipeline():
+        return collect(customer_totals(execute(pl.scan_parquet(orders), name="orders"))).height
+
+    state = pipeline(return_state=True)
+    messages = [r.message for r in log_records(state.state_details.flow_run_id, expect="engine session ended")]
+    assert any("released unconsumed 0" in m for m in messages)
+    assert not any("no task read" in m for m in messages)
 
 
 def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
