@@ -67,11 +67,14 @@ class RunIdentity(NamedTuple):
         The task run's id (a retried task run keeps it), else the flow run's.
     task_run_id : uuid.UUID or None
         The task run's id, ``None`` outside a task run.
+    attempt : int
+        The task run's attempt (Prefect's ``run_count``: 1, then 2 on its first retry); 0 outside a task run.
     """
 
     name: str
     run_id: str | None
     task_run_id: Any
+    attempt: int = 0
 
 
 def current_run() -> RunIdentity:
@@ -81,7 +84,7 @@ def current_run() -> RunIdentity:
     task_ctx = TaskRunContext.get()
     if task_ctx is not None and task_ctx.task_run is not None:
         run = task_ctx.task_run
-        return RunIdentity(f"task run {run.name!r} (id {run.id})", str(run.id), run.id)
+        return RunIdentity(f"task run {run.name!r} (id {run.id})", str(run.id), run.id, run.run_count)
     flow_ctx = FlowRunContext.get()
     if flow_ctx is not None and flow_ctx.flow_run is not None:
         run = flow_ctx.flow_run
@@ -210,8 +213,8 @@ class GPUResult:
     """
 
     __slots__ = (
-        "__weakref__", "_held", "_lock", "_owner", "_persisted", "_plan", "_state", "backend", "bytes",
-        "consumed_by", "consumed_by_id", "deferred", "engine_seconds", "fused", "id", "lineage", "name",
+        "__weakref__", "_consumed_attempt", "_held", "_lock", "_owner", "_persisted", "_plan", "_state", "backend",
+        "bytes", "consumed_by", "consumed_by_id", "deferred", "engine_seconds", "fused", "id", "lineage", "name",
         "produced_by", "produced_by_task_run_id", "ranks", "rows", "schema", "session_id",
     )
 
@@ -231,6 +234,7 @@ class GPUResult:
         self.produced_by_task_run_id = None if run.task_run_id is None else str(run.task_run_id)
         self.consumed_by: str | None = None
         self.consumed_by_id: str | None = None
+        self._consumed_attempt = 0
         self.lineage = lineage
         self._owner = owner
         self._state: ResultState = "live"
@@ -302,7 +306,15 @@ class GPUResult:
                 result_id=self.id, result_name=self.name,
             )
         if self._state == "consumed":
-            if self.consumed_by_id is not None and self.consumed_by_id == run.run_id:
+            if self.consumed_by_id is not None and self.consumed_by_id == run.run_id and run.attempt != self._consumed_attempt:
+                advice = (  # a retry of a plain task: gpu_task's retries recompute their inputs before this check
+                    f"already read by an earlier attempt of this {self.consumed_by}, which Prefect is retrying: "
+                    "its partitions moved out when that attempt read it, and a plain Prefect task cannot "
+                    "recompute a GPU result. Make the task a `gpu_task` (prefect_cudf_polars.tasks.gpu_task), "
+                    "whose retries recompute the inputs a failed attempt read from their lineage, or collect "
+                    "the result before this task and pass it the host DataFrame."
+                )
+            elif self.consumed_by_id is not None and self.consumed_by_id == run.run_id:
                 advice = (  # a second read in the run that read it: a self-join, or .lazy() twice
                     f"already read in this same {self.consumed_by}: a GPU result is read once (cudf-polars moves "
                     "its partitions out on read), so its .lazy() may be called once and that frame scanned once "
@@ -390,6 +402,7 @@ class GPUResult:
         with self._lock:
             self._check(run, reader)
             self._state, self.consumed_by, self.consumed_by_id = "consumed", run.name, run.run_id
+            self._consumed_attempt = run.attempt
             if self.deferred:
                 assert self._plan is not None  # a live deferred result holds its plan
                 handed: Any = HeldPlan(self._plan, self.schema, self._held, self.fused)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from prefect import flow
+from prefect import flow, task
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
@@ -61,6 +61,30 @@ def test_retry_recomputes_the_input_its_first_attempt_consumed(engine_block, ord
     first, second = attempts
     assert first == original.id and second != original.id  # the retry read a recomputed result
     assert held_partitions() == store_before
+
+
+def test_a_retried_plain_task_that_read_a_result_is_told_to_be_a_gpu_task(orders):
+    attempts = []
+
+    @task(retries=1, retry_delay_seconds=0)
+    def plain_reader(r: GPUResult) -> int:
+        r.lazy()  # claims r on each attempt
+        attempts.append(1)
+        raise OSError("transient failure after reading the input")
+
+    @flow(task_runner=RUNNER())
+    def pipeline():
+        r = execute(pl.scan_parquet(orders), name="trips")
+        plain_reader(r)
+
+    state = pipeline(return_state=True)
+    assert state.is_failed() and len(attempts) == 1
+    with pytest.raises(ResultConsumedError, match=(
+        r"'trips'.*already read by an earlier attempt of this task run 'plain_reader.*, which Prefect is "
+        r"retrying.*a plain Prefect task cannot recompute a GPU result\. Make the task a `gpu_task`"
+    )) as info:
+        state.result()
+    assert "self-join" not in str(info.value) and "tee(" not in str(info.value)
 
 
 def test_retry_two_steps_down_a_chain_recomputes_the_whole_chain(engine_block, orders):
