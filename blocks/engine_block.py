@@ -15,10 +15,10 @@ import functools
 import inspect
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from prefect_cudf_polars.blocks.errors import BlockNotFoundError
 
@@ -194,7 +194,8 @@ class CudfPolarsEngine(Block):
     target_partition_size: int | None = Field(
         default=None, gt=0, description="Target IO partition size in bytes.")
     max_rows_per_partition: int | None = Field(default=None, gt=0, description="Most rows in one partition.")
-    spill_device_limit: int | str | None = Field(
+    # The UI form's constraints (JSON Schema); the validator below says what is wrong and what is allowed.
+    spill_device_limit: Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=r"^(\d+(\.\d+)?%|\d+)$")] | None = Field(
         default=None, description="Spill to host above this device memory use: a percentage of GPU memory "
         '("80%") or a number of bytes.')
     device_memory_resource: Literal["async", "pool", "managed", "cuda"] = Field(
@@ -356,8 +357,8 @@ class CudfPolarsEngine(Block):
         """The async form of :meth:`load` (Prefect's ``Block.aload``): the same parameters, result and errors."""
         try:
             return await super().aload(name, validate=validate, client=client)
-        except ValueError as exc:
-            raise _not_found(name, exc) from None
+        except (ValueError, RuntimeError) as exc:
+            raise _load_error(name, exc) from None
 
     @classmethod
     def load(cls, name: str, validate: bool = True, client: Any = None) -> Any:
@@ -385,11 +386,15 @@ class CudfPolarsEngine(Block):
             When the Prefect API has no ``cudf-polars-engine`` block of that
             name (a ``LookupError`` and a ``ValueError``); the message says how
             to save one and how to list those saved.
+        ValueError
+            When the saved block holds a value its fields refuse (edited in the
+            UI or through the API); the message names each field and what it
+            allows. Nothing was started.
         """
         try:
             loaded = super().load(name, validate=validate, client=client)
-        except ValueError as exc:
-            raise _not_found(name, exc) from None
+        except (ValueError, RuntimeError) as exc:
+            raise _load_error(name, exc) from None
         if inspect.iscoroutine(loaded):  # Prefect 3.9 in async code: Block.aload's coroutine
             loaded.close()
             return cls.aload(name, validate=validate, client=client)
@@ -419,9 +424,21 @@ class CudfPolarsEngine(Block):
         return self.session_type(self)
 
 
-def _not_found(name: str, exc: ValueError) -> ValueError:
-    """Prefect's "Unable to find block document" as a :class:`BlockNotFoundError`; other errors as they are."""
-    if "Unable to find block document" not in str(exc):
+def _load_error(name: str, exc: Exception) -> Exception:
+    """
+    Prefect's load errors made plain: "Unable to find block document" as a :class:`BlockNotFoundError`, a saved
+    value the fields refuse (Prefect's "failed validation", caused by pydantic's error) as a ``ValueError``
+    naming each field and what it allows; other errors as they are.
+    """
+    if isinstance(exc.__cause__, ValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the block'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in exc.__cause__.errors())
+        return ValueError(
+            f"The saved cudf-polars engine block {name!r} holds a value its fields do not allow: {problems}. Fix "
+            f"it in the Prefect UI (Blocks, {name!r}) or save it again: `CudfPolarsEngine(...).save({name!r}, "
+            "overwrite=True)`."
+        )
+    if not isinstance(exc, ValueError) or "Unable to find block document" not in str(exc):
         return exc
     return BlockNotFoundError(
         f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save one with "

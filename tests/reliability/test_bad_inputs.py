@@ -9,11 +9,13 @@ nothing more than before once the flow run ends.
 from __future__ import annotations
 
 import pickle
+import re
 import threading
 
 import polars as pl
 import pytest
 from prefect import flow, task
+from prefect.client.orchestration import get_client
 from prefect.task_runners import ProcessPoolTaskRunner
 from pydantic import ValidationError
 
@@ -309,7 +311,6 @@ def test_block_with_an_invalid_option(tmp_path):
     with pytest.raises(ValidationError, match="backend"):
         CudfPolarsEngine(backend="tpu")
     # A saved block edited to a bad value (through the API, as the UI would) fails on load.
-    from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import BlockDocumentUpdate
 
     block_id = CudfPolarsEngine(backend="cpu").save("edited-badly", overwrite=True)
@@ -317,18 +318,33 @@ def test_block_with_an_invalid_option(tmp_path):
         client.update_block_document(
             block_id, BlockDocumentUpdate(data={"backend": "cpu", "spill_device_limit": "lots"})
         )
-    with pytest.raises(RuntimeError, match="'edited-badly'.*failed validation") as info:
+    named = (r"saved cudf-polars engine block 'edited-badly' holds a value its fields do not allow: "
+             r"spill_device_limit: spill_device_limit='lots' is not a percentage of GPU memory above 0% and at "
+             r'most 100% \("80%"\) or a positive number of bytes.*Fix it in the Prefect UI')
+    with pytest.raises(ValueError, match=named):
         CudfPolarsEngine.load("edited-badly")
-    assert isinstance(info.value.__cause__, ValidationError)
-    assert "spill_device_limit='lots' is not a percentage" in str(info.value.__cause__)
 
-    # The runner loads its block at the flow run's first GPU task, which then fails the run.
+    # The runner loads its block at the flow run's first GPU task, which then fails the run: its state
+    # message, read back from the API, names the field and what it allows.
     @flow(task_runner=CudfPolarsTaskRunner("edited-badly"))
     def uses_it():
         return collect(pl.LazyFrame({"a": [1]})).height
 
-    with pytest.raises(RuntimeError, match="'edited-badly'.*failed validation"):
-        uses_it()
+    state = uses_it(return_state=True)
+    assert state.is_failed()
+    with get_client(sync_client=True) as client:
+        message = client.read_flow_run(state.state_details.flow_run_id).state.message
+    assert re.search(named, message), message
+    assert "validate=False" not in message
+
+
+def test_the_ui_form_of_the_engine_block_constrains_its_fields():
+    schema = CudfPolarsEngine.model_json_schema()["properties"]
+    spill = {k: v for branch in schema["spill_device_limit"]["anyOf"] for k, v in branch.items() if k != "type"}
+    assert spill == {"exclusiveMinimum": 0, "pattern": r"^(\d+(\.\d+)?%|\d+)$"}
+    assert schema["device_memory_resource"]["enum"] == ["async", "pool", "managed", "cuda"]
+    for field in ("target_partition_size", "max_rows_per_partition", "teardown_timeout", "dask_connect_timeout"):
+        assert "exclusiveMinimum" in str(schema[field]), field
 
 
 def test_pickling_a_result_for_another_process_is_refused_and_keeps_it(cpu_block, orders):
