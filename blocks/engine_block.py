@@ -358,7 +358,9 @@ class CudfPolarsEngine(Block):
         try:
             return await super().aload(name, validate=validate, client=client)
         except (ValueError, RuntimeError) as exc:
-            raise _load_error(name, exc) from None
+            if (error := _load_error(name, exc)) is exc:
+                raise
+            raise error from None
 
     @classmethod
     def load(cls, name: str, validate: bool = True, client: Any = None) -> Any:
@@ -394,7 +396,9 @@ class CudfPolarsEngine(Block):
         try:
             loaded = super().load(name, validate=validate, client=client)
         except (ValueError, RuntimeError) as exc:
-            raise _load_error(name, exc) from None
+            if (error := _load_error(name, exc)) is exc:
+                raise
+            raise error from None
         if inspect.iscoroutine(loaded):  # Prefect 3.9 in async code: Block.aload's coroutine
             loaded.close()
             return cls.aload(name, validate=validate, client=client)

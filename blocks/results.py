@@ -307,12 +307,13 @@ class GPUResult:
             )
         if self._state == "consumed":
             if self.consumed_by_id is not None and self.consumed_by_id == run.run_id and run.attempt != self._consumed_attempt:
-                advice = (  # a retry of a plain task: gpu_task's retries recompute their inputs before this check
+                advice = (  # a retry reading a result it was not given: gpu_task's retries recompute arguments first
                     f"already read by an earlier attempt of this {self.consumed_by}, which Prefect is retrying: "
-                    "its partitions moved out when that attempt read it, and a plain Prefect task cannot "
-                    "recompute a GPU result. Make the task a `gpu_task` (prefect_cudf_polars.tasks.gpu_task), "
-                    "whose retries recompute the inputs a failed attempt read from their lineage, or collect "
-                    "the result before this task and pass it the host DataFrame."
+                    "its partitions moved out when that attempt read it, and a retry recomputes only the results "
+                    "given to a `gpu_task` (prefect_cudf_polars.tasks.gpu_task) as arguments, from their lineage; "
+                    "a plain Prefect task cannot recompute a GPU result. Make the task a `gpu_task` and pass it "
+                    "the result as an argument, or collect the result before this task and pass it the host "
+                    "DataFrame."
                 )
             elif self.consumed_by_id is not None and self.consumed_by_id == run.run_id:
                 advice = (  # a second read in the run that read it: a self-join, or .lazy() twice

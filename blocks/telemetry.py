@@ -75,8 +75,8 @@ TEARDOWN_WARNING = (
 UNREAD_WARNING = (
     "cudf-polars engine session ended with %d result(s) no task read, released unread: %s. A result is "
     "for a later task to read (a gpu_task, execute, collect, tee or sink_parquet given the result); one "
-    "returned from the flow or never passed on ends with its flow run: collect it to keep its rows, or "
-    "do not produce it."
+    "returned from the flow, never passed on, or whose reader failed or never ran ends with its flow run: "
+    "collect it to keep its rows, or do not produce it."
 )
 #: Most results the unread warning names.
 UNREAD_NAMED = 20
@@ -329,7 +329,7 @@ class SessionTelemetry:
             memory.get("at_start"), summary["peak_memory"], memory.get("at_end"),
             timings.get("engine_start_s", 0.0), timings.get("engine_shutdown_s", 0.0), summary["shutdown_thread"],
         )
-        if unread := self._unread:
+        if (unread := self._unread) and not self.muted:  # muted: the interpreter-exit hook has warned
             more = f" and {len(unread) - UNREAD_NAMED} more" if len(unread) > UNREAD_NAMED else ""
             self.log(logging.WARNING, UNREAD_WARNING, len(unread), ", ".join(unread[:UNREAD_NAMED]) + more)
         if still_served:

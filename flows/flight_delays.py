@@ -22,6 +22,7 @@ import argparse
 import os
 from contextlib import ExitStack
 import sys
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -244,13 +245,13 @@ def main(argv: list[str] | None = None) -> None:
     for option, folder in (("--output-dir", args.output_dir), ("--data-dir", args.data_dir)):
         if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
             parser.error(f"{option} {folder} is a file; name a folder (it is created if missing)")
-        try:  # before any flow run: a folder that cannot be written fails here, not after the queries
-            if folder is not None:
-                Path(folder).mkdir(parents=True, exist_ok=True)
-                (Path(folder) / ".write-check").touch()
-                (Path(folder) / ".write-check").unlink()
-        except OSError as exc:
-            parser.error(f"{option} {folder} cannot be created or written ({exc.strerror}); name a folder you can write")
+    # Before any flow run, and creating nothing: a report folder that cannot be made fails here, not after the queries.
+    target = Path(args.output_dir).absolute()
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=next(p for p in (target, *target.parents) if p.exists())))
+    except OSError as exc:
+        parser.error(f"--output-dir {args.output_dir} cannot be created or written ({exc.strerror or exc}); "
+                     "name a folder you can write")
     # Prefect's telemetry service on a just-created local API database logs "database is
     # locked" (and, offline, "Failed to send telemetry") as ERRORs; the local API the
     # first call starts reads this from the environment.

@@ -180,7 +180,6 @@ def test_command_line_with_a_gpu_block_and_no_gpu_says_what_to_do_once(tmp_path,
         (["--data-dir", "{file}"], "--data-dir {file} is a file; name a folder"),
         (["--output-dir", "{file}/sub"], "--output-dir {file}/sub cannot be created or written (Not a directory)"),
         (["--output-dir", "/proc/no-such-folder"], "--output-dir /proc/no-such-folder cannot be created or written"),
-        (["--data-dir", "{file}/sub"], "--data-dir {file}/sub cannot be created or written (Not a directory)"),
     ],
 )
 def test_command_line_refuses_bad_options_before_any_flow_run(argv, said, tmp_path, capsys):

@@ -63,25 +63,35 @@ def test_retry_recomputes_the_input_its_first_attempt_consumed(engine_block, ord
     assert held_partitions() == store_before
 
 
-def test_a_retried_plain_task_that_read_a_result_is_told_to_be_a_gpu_task(orders):
-    attempts = []
+@pytest.mark.parametrize("reader", ["plain task, result as argument", "gpu_task, result from a closure"])
+def test_a_retry_that_reads_a_result_it_cannot_recompute_is_told_to_pass_it_to_a_gpu_task(reader, orders):
+    attempts, given = [], {}
 
-    @task(retries=1, retry_delay_seconds=0)
+    @task(name="reader", retries=1, retry_delay_seconds=0)
     def plain_reader(r: GPUResult) -> int:
         r.lazy()  # claims r on each attempt
         attempts.append(1)
         raise OSError("transient failure after reading the input")
 
+    @gpu_task(name="reader", retries=1, retry_delay_seconds=0)
+    def closure_reader() -> pl.LazyFrame:
+        lf = given["r"].lazy()  # not an argument: nothing to recompute on retry
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise OSError("transient failure after reading the input")
+        return lf
+
     @flow(task_runner=RUNNER())
     def pipeline():
-        r = execute(pl.scan_parquet(orders), name="trips")
-        plain_reader(r)
+        given["r"] = r = execute(pl.scan_parquet(orders), name="trips")
+        plain_reader(r) if reader.startswith("plain") else closure_reader()
 
     state = pipeline(return_state=True)
     assert state.is_failed() and len(attempts) == 1
     with pytest.raises(ResultConsumedError, match=(
-        r"'trips'.*already read by an earlier attempt of this task run 'plain_reader.*, which Prefect is "
-        r"retrying.*a plain Prefect task cannot recompute a GPU result\. Make the task a `gpu_task`"
+        r"'trips'.*already read by an earlier attempt of this task run 'reader.*, which Prefect is retrying.*"
+        r"a retry recomputes only the results given to a `gpu_task`.* as arguments.*Make the task a `gpu_task` "
+        r"and pass it the result as an argument, or collect the result before this task"
     )) as info:
         state.result()
     assert "self-join" not in str(info.value) and "tee(" not in str(info.value)
