@@ -73,7 +73,7 @@ TEARDOWN_WARNING = (
     "normal teardown needs longer, raise teardown_timeout on the engine block."
 )
 UNREAD_WARNING = (
-    "cudf-polars engine session ended with %d result(s) no task read, released unread: %s. A result is "
+    "cudf-polars released %d result(s) no task read, at the engine session's end: %s. A result is "
     "for a later task to read (a gpu_task, execute, collect, tee or sink_parquet given the result); one "
     "returned from the flow, never passed on, or whose reader failed or never ran ends with its flow run: "
     "collect it to keep its rows, or do not produce it."

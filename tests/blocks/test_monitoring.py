@@ -85,10 +85,11 @@ def test_the_sessions_end_warns_naming_every_result_no_task_read(orders):
 
     state = pipeline(return_state=True)
     assert state.is_completed(), state
-    warning = "no task read, released unread"
+    warning = "result(s) no task read, at the engine session's end"
     [record] = [r for r in log_records(state.state_details.flow_run_id, expect=warning) if warning in r.message]
     assert record.level == logging.WARNING
-    assert record.message.startswith("cudf-polars engine session ended with 3 result(s) no task read")
+    assert record.message.startswith("cudf-polars released 3 result(s) no task read, at the engine session's end")
+    assert "session ended" not in record.message  # the end line is the one line that says so
     named = re.findall(r"'([\w-]+)' \((deferred, )?from task run '([\w-]+)'", record.message)
     assert sorted(named) == [("big-orders", "deferred, ", "big-orders"), ("left-over", "", "left-over"),
                              ("returned", "", "returned")]

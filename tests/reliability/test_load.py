@@ -173,6 +173,7 @@ def test_a_consumed_handles_persisted_result_is_garbage_collected(cpu_block, ord
         probe = weakref.ref(r.persisted)
         assert session.collect(r.lazy()).height == 1000
         r.release()  # what the tasks do after the engine call
+        session.run(lambda: None)  # the release is queued on the owner thread: let it run
         gc.collect()
         assert probe() is None  # the handle `r` is alive, the engine's result is not
         assert r.state == "consumed"
