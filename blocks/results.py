@@ -44,6 +44,7 @@ import polars as pl
 from prefect.utilities.collections import visit_collection
 from pydantic_core import SchemaSerializer, core_schema
 
+from prefect_cudf_polars.blocks.backends.plans import cache_id
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan
 from prefect_cudf_polars.blocks.errors import ResultConsumedError, ResultReleasedError, WrongEngineError
 from prefect_cudf_polars.blocks.persistence import cache_key_form, refuse_host_persistence
@@ -202,6 +203,8 @@ class GPUResult:
         The task run or flow run whose claim consumed it.
     consumed_by_id : str or None
         That run's id (a retried task run keeps its id across attempts).
+    cache_id : str or None
+        The id of the cache its frame is, once read (a logical plan shows ``CACHE[id: ...]``).
     lineage : Lineage or None
         The plan that produced it (dropped when its session ends).
     deferred : bool
@@ -213,9 +216,9 @@ class GPUResult:
     """
 
     __slots__ = (
-        "__weakref__", "_consumed_attempt", "_held", "_lock", "_owner", "_persisted", "_plan", "_state", "backend",
-        "bytes", "consumed_by", "consumed_by_id", "deferred", "engine_seconds", "fused", "id", "lineage", "name",
-        "produced_by", "produced_by_task_run_id", "ranks", "rows", "schema", "session_id",
+        "__weakref__", "_consumed_attempt", "_frame", "_held", "_lock", "_owner", "_persisted", "_plan", "_state",
+        "backend", "bytes", "cache_id", "consumed_by", "consumed_by_id", "deferred", "engine_seconds", "fused", "id",
+        "lineage", "name", "produced_by", "produced_by_task_run_id", "ranks", "rows", "schema", "session_id",
     )
 
     def __init__(self, payload: PersistedResult | HeldPlan, *, owner: ResultOwner, name: str, run: RunIdentity,
@@ -235,6 +238,8 @@ class GPUResult:
         self.consumed_by: str | None = None
         self.consumed_by_id: str | None = None
         self._consumed_attempt = 0
+        self._frame: pl.LazyFrame | None = None  # what lazy() gave the attempt that claimed it
+        self.cache_id: str | None = None
         self.lineage = lineage
         self._owner = owner
         self._state: ResultState = "live"
@@ -316,10 +321,10 @@ class GPUResult:
                     "DataFrame."
                 )
             elif self.consumed_by_id is not None and self.consumed_by_id == run.run_id:
-                advice = (  # a second read in the run that read it: a self-join, or .lazy() twice
-                    f"already read in this same {self.consumed_by}: a GPU result is read once (cudf-polars moves "
-                    "its partitions out on read), so its .lazy() may be called once and that frame scanned once "
-                    "(no self-join of a result with itself). To use it twice, split it before this step: "
+                advice = (  # a read after a query of the run that claimed it ran
+                    f"already read by a query that ran in this same {self.consumed_by}: a GPU result is read by "
+                    "one query (cudf-polars moves its partitions out when it runs), which may read it several "
+                    "times (a self-join runs). To read it in two queries, split it before this step: "
                     "`a, b = tee(result, 2)` (prefect_cudf_polars.tasks.tee) and use both copies."
                 )
             else:
@@ -370,10 +375,14 @@ class GPUResult:
         Claim the result and return a LazyFrame that reads it.
 
         The frame must be run by the producing session (the ``execute`` and
-        ``collect`` tasks and ``gpu_task`` tasks do this) and read once: running
-        it moves the partitions out of the engine's store. For a deferred
-        result it is the deferred step's plan itself, so the reader's engine
-        call runs both steps as one query.
+        ``collect`` tasks and ``gpu_task`` tasks do this) in one query: running
+        it moves the partitions out of the engine's store. That query may read
+        it several times (a self-join, a ``concat`` of two filters): the frame
+        is a ``cache()`` (polars 1.44 then keeps a filter above the scan rather
+        than in it), and later calls in the same task run attempt return the
+        same frame until a query has run it. For a deferred result it is the
+        deferred step's plan itself, so the reader's engine call runs both
+        steps as one query.
 
         Returns
         -------
@@ -384,8 +393,15 @@ class GPUResult:
         ResultReleasedError, ResultConsumedError, WrongEngineError
             See :meth:`check_readable` (the reader is the session active here).
         """
-        handed = self._claim(hand_over=False)
-        return handed.plan if isinstance(handed, HeldPlan) else handed.lazy()
+        run = current_run()
+        with self._lock:
+            if self._frame is not None and self.holding and (self.consumed_by_id, self._consumed_attempt) == (
+                    run.run_id, run.attempt):
+                return self._frame  # another read in the query this attempt builds
+        handed = self._claim(hand_over=False)  # a deferred plan stays as it is: its inputs' frames are caches
+        self._frame = handed.plan if isinstance(handed, HeldPlan) else handed.lazy().cache()
+        self.cache_id = None if isinstance(handed, HeldPlan) else cache_id(self._frame)
+        return self._frame
 
     def hand_over(self) -> PersistedResult | HeldPlan:
         """
@@ -432,7 +448,7 @@ class GPUResult:
                 self._state = "released"
             persisted, self._persisted = self._persisted, None
             held, self._held = self._held, ()
-            self._plan = None
+            self._plan = self._frame = None
         if was_live:
             self._owner.released(self)
         if persisted is not None:
@@ -460,7 +476,7 @@ class GPUResult:
                 self._state = "released"
             persisted = self._persisted
             if drop:
-                self._persisted, self._plan, self._held, self.lineage = None, None, (), None
+                self._persisted, self._plan, self._frame, self._held, self.lineage = None, None, None, (), None
         if drop and persisted is not None:
             persisted.forget()
 

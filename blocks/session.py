@@ -3,7 +3,7 @@ The engine session: one flow run's scope, its results and every rule of its life
 
 1. **One owner thread**: the :class:`~prefect_cudf_polars.blocks.engine.EngineHost` creates, uses
    and shuts down the engine, and holds what it owns in one exit stack.
-2. **A result belongs to its session and is read at most once**: a task's engine call checks its
+2. **A result belongs to its session and is read by one query**: a task's engine call checks its
    inputs against the task's session first (``WrongEngineError``); a first claim is counted here
    (:meth:`EngineSession.claimed`), a second raises ``ResultConsumedError``.
 3. **Everything is released when the session ends**, however it ends (return, exception,
@@ -45,7 +45,7 @@ from prefect_cudf_polars.blocks import active, exits
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 from prefect_cudf_polars.blocks.backends.compat import stop_resource_tracker
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
-from prefect_cudf_polars.blocks.backends.plans import prepare, prepare_result
+from prefect_cudf_polars.blocks.backends.plans import input_reads, prepare_result, scanned_by
 from prefect_cudf_polars.blocks.engine import EngineHost
 from prefect_cudf_polars.blocks.nesting import shared_host
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -54,8 +54,7 @@ from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, 
 from prefect_cudf_polars.blocks.lineage import Lineage
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
 from prefect_cudf_polars.blocks.results import (
-    EndedSession, GPUResult, claimed_by, current_run, free_claimed, fused_steps, release_partitions,
-)
+    EndedSession, GPUResult, claimed_by, current_run, free_claimed, fused_steps, release_partitions)
 from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, logger, user_stacklevel
 
 T = TypeVar("T")
@@ -114,12 +113,10 @@ class EngineSession:
         self._owns_host = self._announced = False
         self._closing = self._ending = False  # close() under way / past waiting for the runs it serves
         self._token: contextvars.Token[Any] | None = None
-        self._lock = threading.Lock()
-        self._live: dict[str, GPUResult] = {}
+        self._lock, self._live = threading.Lock(), dict[str, GPUResult]()
         self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
-        self._counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
+        self._counts, self._engine_calls = {"produced": 0, "consumed": 0, "released_unconsumed": 0}, 0
         self._memory: dict[str, int | None] = {}
-        self._engine_calls = 0
         self._shutdown_thread: str | None = None
         self._served, self._telemetry = active.ServedRuns(), SessionTelemetry(self.id, block.result_artifacts)
 
@@ -179,12 +176,10 @@ class EngineSession:
         self.backend, self.fallback_warning = resolve_backend(self.block)
         if self.fallback_warning and self._telemetry.flow_run is None:
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
-        self.host = EngineHost.start(
-            self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}", ended=self.ended_message
-        )
-        self._owns_host = True
+        self.host = EngineHost.start(self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}",
+                                     ended=self.ended_message)
+        self._owns_host, self.description = True, self.host.description
         self.timings["engine_start_s"] = self.host.start_seconds
-        self.description = self.host.description
 
     def _record_run(self) -> None:
         if self._telemetry.flow_run is None and (ctx := active.flow_run_context()) is not None:
@@ -259,8 +254,7 @@ class EngineSession:
             "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
             "peak_memory_per_rank": dict(self._telemetry.peak_per_rank), "engine_calls": self._engine_calls,
             "timings": dict(self.timings), "shutdown_thread": self._shutdown_thread, "teardown": self.teardown,
-            "dashboard": self.description.get("dashboard"),
-        }
+            "dashboard": self.description.get("dashboard")}
 
     def __repr__(self) -> str:
         return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live={len(self._live)})"
@@ -340,12 +334,11 @@ class EngineSession:
             The session has ended.
         """
         name, run = name or "query", current_run()
-        (persisted, reading, seconds, plans), fused = self._call_engine(
-            "execute", lf, inputs, run, environment, self._late(name, run)
-        )
+        (persisted, reading, seconds, plans), fused = self._call_engine("execute", lf, inputs, run, environment,
+                                                                        self._late(name, run))
         result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf, environment=environment),
                            engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
-        return self._register(result, *plans, reading.memory)
+        return self._register(result, *plans, reading.memory, input_reads(claimed_by(inputs, run), plans[0]))
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
         def release_late(value: tuple[Any, ...]) -> None:  # on the owner thread
@@ -389,11 +382,17 @@ class EngineSession:
         host = self._check_open()
         claimed = claimed_by(inputs, run)
         fused = fused_steps(claimed)
-        prepared = partial(prepare_result, optimized=self.block.result_artifacts) if kind == "execute" else prepare
+        prepared = partial(prepare_result, optimized=kind == "execute" and self.block.result_artifacts)
         planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed
+
+        def after() -> None:  # free what the claimed inputs and the result frames the plan scanned still hold
+            with self._lock:
+                scanned = scanned_by(self._all, planned[0][1][0] if planned else "")
+            free_claimed([*claimed, *scanned])
+
         try:
             out = host.call_engine(kind, lf, plan=lambda query: planned.append(prepared(query)) or planned[0],
-                                   after=lambda: free_claimed(claimed), env=environment, on_late=on_late)
+                                   after=after, env=environment, on_late=on_late)
         except Exception as exc:
             if not planned:  # refused while planning (polars' error, or ours): nothing ran, nothing to translate
                 raise
@@ -461,7 +460,8 @@ class EngineSession:
                            rows=like.rows, bytes=like.bytes, fused=like.fused)
         return self._register(result, None, None, None)
 
-    def _register(self, result: GPUResult, plan: str | None, engine_plan: str | None, memory: int | None) -> GPUResult:
+    def _register(self, result: GPUResult, plan: str | None, engine_plan: str | None, memory: int | None,
+                  reads: Sequence[dict[str, Any]] = ()) -> GPUResult:
         with self._lock:
             open_ = self.state is State.OPEN and not self._ending
             if open_:
@@ -471,7 +471,7 @@ class EngineSession:
         if not open_:
             result.release()
             raise SessionError(self.ended_message())
-        self._telemetry.result_created(result, plan, memory, engine_plan)
+        self._telemetry.result_created(result, plan, memory, engine_plan, reads)
         return result
 
     # ---- what results ask of their session (ResultOwner) ---------------------------

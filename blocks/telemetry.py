@@ -258,12 +258,14 @@ class SessionTelemetry:
             "engine_start_s": start_seconds, "fallback_warning": fallback_warning,
         }, run_resources(getattr(self.flow_run, "id", None)))
 
-    def result_created(self, result: Any, plan: str | None, memory: int | None, engine_plan: str | None = None) -> None:
+    def result_created(self, result: Any, plan: str | None, memory: int | None, engine_plan: str | None = None,
+                       reads: list[dict[str, Any]] = []) -> None:  # noqa: B006
         """
         A result was produced: ``result.created`` with its facts; with ``result_artifacts``, its artifact too.
 
         ``plan`` is the query's logical plan (the event's); ``engine_plan``, the
-        optimized plan the engine ran (the artifact's, when asked for).
+        optimized plan the engine ran (the artifact's, when asked for); ``reads``,
+        per input result the query read, its name, id, reads in the plan and bytes per read.
         """
         plan = _limited(plan or "(the same plan as the result it was split from)")
         with self._lock:
@@ -279,7 +281,7 @@ class SessionTelemetry:
             "partitions": result.partitions, "schema": {k: str(v) for k, v in result.schema.items()},
             "rows": result.rows, "bytes": result.bytes, "engine_seconds": result.engine_seconds,
             "memory_in_use_bytes": memory, "plan": plan, "deferred": result.deferred,
-            "fused_steps": [step._asdict() for step in result.fused],
+            "fused_steps": [step._asdict() for step in result.fused], "inputs_read": reads,
         }, [])
         if self.result_artifacts and not self.muted and result.produced_by_task_run_id is not None:
             from prefect.artifacts import create_markdown_artifact

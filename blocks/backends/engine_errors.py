@@ -126,7 +126,7 @@ def translate_engine_error(exc: BaseException) -> BaseException:
     -------
     BaseException
         A :class:`ResultConsumedError` when ``exc`` says a persisted result was
-        read twice (for example a self-join on one result); a
+        read by a second query (the same frame run twice); a
         :class:`DeviceMemoryError` when it says device memory ran out; the
         single error inside ``exc`` when ``exc`` is a group of one; ``exc``
         itself otherwise.
@@ -138,9 +138,9 @@ def translate_engine_error(exc: BaseException) -> BaseException:
             return DeviceMemoryError(DEVICE_MEMORY_MESSAGE.format(hint=str(e) or type(e).__name__))
     if any(_CONSUMED in str(e) for e in iter_exceptions(exc)):
         return ResultConsumedError(
-            "The query reads a GPU result that was already consumed: results are read once (cudf-polars moves "
-            "each partition out on read), so a query may scan a result's .lazy() frame only once (no self-joins "
-            "on it). To read one result in two places, split it first with `tee(result, 2)` "
+            "The query reads a GPU result that an earlier query already read: a result is read by one query "
+            "(cudf-polars moves each partition out when it runs), which may read it several times (a self-join "
+            "runs). To read one result in two queries, split it first with `tee(result, 2)` "
             "(prefect_cudf_polars.tasks.tee), or run the producing task again for a fresh result."
         )
     if isinstance(exc, BaseExceptionGroup) and (leaf := _single_leaf(exc)) is not None:

@@ -26,11 +26,24 @@ and the ``cpu`` backend runs what the GPU runs:
   projection"), and from which no row count can be read. It is refused here,
   before any engine runs, naming the form that works. ``select(pl.len())``
   reads one column in polars 1.44 and runs everywhere.
+* **Several reads of one frame.** A result's frame is a ``cache()`` over its
+  scan (``GPUResult.lazy``), so every use of it in one plan shares one cache id
+  (``CACHE[id: ...]`` in ``explain``) and the scan runs once: cudf-polars 26.10
+  fans the cached partitions out to each consumer. polars 1.44's common-subplan
+  elimination splits such a cache back into one scan per use when the branches
+  differ (a ``concat`` of two filters), and a second scan of a result finds
+  its partitions gone; a plan that uses one cache more than once therefore
+  runs with ``comm_subplan_elim=False``. Plans that read each frame once keep
+  the defaults (polars drops a cache with one consumer, so projections and
+  row limits still reach the scan).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
 
 import polars as pl
 
@@ -44,6 +57,8 @@ _ZERO_COLUMN_SCAN = re.compile(rf"{IN_PROCESS_SCAN}[^\n]*\n[ \t]*PROJECT 0/")
 # literal in a selection may span lines, so which scan it belongs to is not read): a wrong
 # match costs an optimization, a miss would fail the query.
 _PUSHED_SLICE = re.compile(r"(?m)^[ \t]*SLICE: ")
+# ... and each use of a cached frame as "CACHE[id: <id>]" in the logical plan.
+_CACHE = re.compile(r"CACHE\[id: ([^\]]+)\]")
 
 ZERO_COLUMN_MESSAGE = (
     "This query reads a GPU result's frame (or another polars IO source) without any "
@@ -54,6 +69,30 @@ ZERO_COLUMN_MESSAGE = (
     "(polars reads one column for it), and "
     "`result.lazy().with_row_index().select('index', <a column>)` numbers them."
 )
+
+
+def cache_uses(plan: str) -> Counter[str]:
+    """How many times a logical plan (``explain(optimized=False)``) uses each cache, by cache id."""
+    return Counter(_CACHE.findall(plan))
+
+
+def cache_id(lf: pl.LazyFrame) -> str | None:
+    """The id of the cache ``lf`` ends in (a result's frame), as ``explain`` prints it; reads no data."""
+    found = _CACHE.match(lf.explain(optimized=False))
+    return found[1] if found else None
+
+
+def scanned_by(results: Iterable[Any], plan: str) -> list[Any]:
+    """The results (``GPUResult``) whose frame (``lazy()``, by its ``cache_id``) a logical plan scans."""
+    read = cache_uses(plan)
+    return [r for r in results if r.cache_id in read]
+
+
+def input_reads(claimed: Iterable[Any], plan: str) -> list[dict[str, Any]]:
+    """Per claimed result a plan reads: its name, id, reads in the plan (a self-join reads it twice), bytes per read."""
+    uses = cache_uses(plan)
+    return [{"name": r.name, "id": r.id, "reads": uses.get(r.cache_id, 1), "bytes_per_read": r.bytes}
+            for r in claimed if not r.deferred]
 
 
 def reads_in_process_source(lf: pl.LazyFrame) -> bool:
@@ -77,10 +116,10 @@ def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
     Returns
     -------
     (flags, plan) : tuple of polars.QueryOptFlags and str
-        ``QueryOptFlags(slice_pushdown=False)`` when the plan reads a
-        ``PYTHON SCAN`` and polars would push a row limit into a scan, polars'
-        defaults otherwise; and the query's logical plan
-        (``LazyFrame.explain(optimized=False)``).
+        For a plan that reads a ``PYTHON SCAN``: ``comm_subplan_elim=False``
+        when it uses one cached frame more than once, ``slice_pushdown=False``
+        when polars would push a row limit into a scan; polars' defaults
+        otherwise. And the query's logical plan (``LazyFrame.explain(optimized=False)``).
 
     Raises
     ------
@@ -90,9 +129,10 @@ def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
     """
     flags, plan = pl.QueryOptFlags(), lf.explain(optimized=False)
     if IN_PROCESS_SCAN in plan:
-        optimized = lf.explain()
+        flags.comm_subplan_elim = max(cache_uses(plan).values(), default=1) == 1
+        optimized = lf.explain(optimizations=flags)
         if _PUSHED_SLICE.search(optimized):
-            flags = pl.QueryOptFlags(slice_pushdown=False)
+            flags.slice_pushdown = False
             optimized = lf.explain(optimizations=flags)
         if _ZERO_COLUMN_SCAN.search(optimized):
             raise NotImplementedError(ZERO_COLUMN_MESSAGE)

@@ -123,7 +123,7 @@ class StreamingRunningEngine(RunningEngine):
         return self
 
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> StreamingPersistedResult:
-        if not flags.slice_pushdown:  # execute() takes no flags: carry them in the frame
+        if not (flags.slice_pushdown and flags.comm_subplan_elim):  # execute() takes no flags: carry them
             lf = compat.with_optimizations(lf, flags)
         query_result = self.engine.execute(lf)
         self._produced.add(query_result)

@@ -86,7 +86,7 @@ def test_non_lazyframe_inputs_and_returns_get_clear_errors(orders):
         bad_input()
 
 
-def test_self_join_on_one_result_becomes_result_consumed_error(orders):
+def test_a_self_join_on_one_result_runs(orders):
     @gpu_task
     def self_join(r: GPUResult) -> pl.LazyFrame:
         lf = r.lazy()
@@ -94,10 +94,10 @@ def test_self_join_on_one_result_becomes_result_consumed_error(orders):
 
     @flow(task_runner=RUNNER())
     def pipeline():
-        return self_join(execute(pl.scan_parquet(orders)))
+        return collect(self_join(execute(pl.scan_parquet(orders))))
 
-    with pytest.raises(ResultConsumedError, match="no self-joins"):
-        pipeline()
+    joined = pipeline()
+    assert joined.height == 1000 and joined["amount"].equals(joined["amount_right"])
 
 
 def test_a_failing_step_frees_the_input_it_claimed(orders):
