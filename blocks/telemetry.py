@@ -131,7 +131,16 @@ def format_bytes(value: int | None) -> str:
 
 def summary_key(flow_name: str) -> str:
     """The summary artifact's key, ``<flow-name>-cudf-polars-session`` (Prefect keys: lowercase, digits, dashes)."""
-    return f"{re.sub(r'[^a-z0-9-]+', '-', flow_name.lower()).strip('-') or 'flow'}-cudf-polars-session"
+    return f"{_slug(flow_name) or 'flow'}-cudf-polars-session"
+
+
+def result_key(name: str) -> str:
+    """A per-result artifact's key, its title in the UI: ``<result-name>-gpu-result``, one version per result."""
+    return f"{_slug(name) or 'query'}-gpu-result"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
 #: Top-level modules whose frames :func:`user_stacklevel` steps past.
@@ -288,6 +297,7 @@ class SessionTelemetry:
 
             try:
                 create_markdown_artifact(
+                    key=result_key(result.name),
                     markdown=result_markdown(result, _limited(engine_plan or plan), memory, self.gpus),
                     description=f"cudf-polars result {result.name!r}: plan, schema, rows, bytes, where it lives",
                 )

@@ -94,6 +94,7 @@ def test_with_result_artifacts_each_gpu_task_run_gets_an_artifact_with_plan_sche
     text = artifact.data
     result_id, seconds, schema = seen["result"]
     big = pl.read_parquet(orders).filter(pl.col("amount") > 50)
+    assert artifact.key == telemetry.result_key("big-orders") == "big-orders-gpu-result"  # its title in the UI
     assert artifact.type == "markdown" and artifact.flow_run_id == flow_run_id
     assert "cudf-polars result `big-orders`" in text
     assert artifact.description.startswith("cudf-polars result 'big-orders'")
