@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from prefect_cudf_polars.blocks.errors import BlockNotFoundError
 
@@ -29,6 +29,8 @@ Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 
 # Keys this block owns through its named fields.
 _NAMED_EXECUTOR_KEYS = frozenset({"target_partition_size", "max_rows_per_partition"})
+#: A percentage or a number of bytes, as the UI form checks it (JSON Schema).
+_LIMIT_PATTERN = r"^(\d+(\.\d+)?%|\d+)$"
 _SPILL_LIMIT = re.compile(r"^(?:(?P<percent>\d+(?:\.\d+)?)%|(?P<bytes>\d+))$")
 # Keys Prefect 3.9's Block serializer adds to a block's data (Block.ser_model,
 # Block.validate_block_type_slug); a saved block's document carries them.
@@ -157,6 +159,31 @@ class CudfPolarsEngine(Block):
         fields of cudf-polars' ``StreamingExecutor`` (read from cudf-polars where
         it can be imported, else those of 26.10), except the ones cudf-polars
         sets for the backend and the ones named fields above own.
+    device_memory_limit : int, str or None
+        Device memory the engine may use: bytes (``40_000_000_000``) or a
+        percentage of the GPU's memory (``"40%"``); ``None`` (default) is the
+        whole device. The engine's memory resource is capped there (an
+        allocation past it fails as out-of-memory), rapidsmpf spills query data
+        at ``spill_device_limit`` read as a share of this limit (default 80 %),
+        and the engine pins at most the same share of 80 % of host memory that
+        the limit is of the device, so several engines in separate processes
+        share one GPU. The session keeps held results within a budget below it
+        (``docs/memory.md``). On ``cpu`` it is host bytes the held results and a
+        new result may take (a percentage: of the machine's memory).
+    spill_results : {"off", "host"}
+        When held results would leave a query too little room below
+        ``device_memory_limit``: ``"off"`` (default) fails the engine call with
+        :class:`~prefect_cudf_polars.blocks.DeviceMemoryError` naming them;
+        ``"host"`` moves the least recently produced unread ones to host memory
+        until it fits (each comes back to the GPU when read).
+    admission_limit : str or None
+        The name of a Prefect global concurrency limit whose slots are GiB of
+        device memory: the session occupies ``ceil(device_memory_limit / GiB)``
+        slots before its engine starts and gives them back after it has shut
+        down (needs ``device_memory_limit``). ``None`` (default): no admission.
+    admission_timeout : float
+        Seconds a session waits for its slots (default 3600); then its first
+        GPU task run fails with :class:`~prefect_cudf_polars.blocks.SessionError`.
     result_artifacts : bool
         One markdown artifact per result on the task run that produced it (its
         plan, schema, rows, bytes, where it lives). Default False: each is a
@@ -168,7 +195,8 @@ class CudfPolarsEngine(Block):
     ------
     pydantic.ValidationError
         On a field with a bad value, naming the field and what it allows: for
-        example ``spill_device_limit="120%"`` or ``0.8``, an ``executor_options`` key that
+        example ``spill_device_limit="120%"`` or ``0.8``, ``admission_limit`` without
+        ``device_memory_limit``, an ``executor_options`` key that
         is not a streaming executor option (or one a named field or cudf-polars
         owns), or a field the block does not have (``target_partiton_size=5``,
         with the field it resembles).
@@ -195,7 +223,7 @@ class CudfPolarsEngine(Block):
         default=None, gt=0, description="Target IO partition size in bytes.")
     max_rows_per_partition: int | None = Field(default=None, gt=0, description="Most rows in one partition.")
     # The UI form's constraints (JSON Schema); the validator below says what is wrong and what is allowed.
-    spill_device_limit: Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=r"^(\d+(\.\d+)?%|\d+)$")] | None = Field(
+    spill_device_limit: Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=_LIMIT_PATTERN)] | None = Field(
         default=None, description="Spill to host above this device memory use: a percentage of GPU memory "
         '("80%") or a number of bytes.')
     device_memory_resource: Literal["async", "pool", "managed", "cuda"] = Field(
@@ -215,6 +243,17 @@ class CudfPolarsEngine(Block):
         "and shut down; then results are marked released without it and a warning is logged.")
     executor_options: dict[str, Any] = Field(
         default_factory=dict, description="More cudf-polars streaming executor options, passed as they are.")
+    device_memory_limit: Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=_LIMIT_PATTERN)] | None = Field(
+        default=None, description="Device memory the engine may use: bytes, or a percentage of the GPU's memory "
+        '("40%"); empty is the whole GPU. Lets several flow runs share one GPU.')
+    spill_results: Literal["off", "host"] = Field(
+        default="off", description="off: an engine call that held results leave no room for fails, naming them; "
+        "host: the least recently produced unread results move to host memory until it fits.")
+    admission_limit: str | None = Field(
+        default=None, description="Prefect global concurrency limit whose slots are GiB of device memory: a flow "
+        "run occupies ceil(device_memory_limit / GiB) slots while its engine runs. Needs device_memory_limit.")
+    admission_timeout: float = Field(
+        default=3600.0, gt=0, description="Seconds a flow run waits for its admission slots before it fails.")
     result_artifacts: bool = Field(
         default=False, description="One artifact per result on the task run that produced it (an API call "
         "each); the result.created event and the flow run's summary artifact carry the same facts.")
@@ -235,21 +274,21 @@ class CudfPolarsEngine(Block):
                                  f"CudfPolarsEngine's fields are: {', '.join(cls.model_fields)}")
         return values
 
-    @field_validator("spill_device_limit", mode="before")
+    @field_validator("spill_device_limit", "device_memory_limit", mode="before")
     @classmethod
-    def _check_spill_limit(cls, value: Any) -> int | str | None:
+    def _check_limit(cls, value: Any, info: ValidationInfo) -> int | str | None:
         if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             return value
         allowed = ('a percentage of GPU memory above 0% and at most 100% ("80%") or a positive '
                    'number of bytes (60_000_000_000 or "60000000000")')
         if isinstance(value, float):
             hint = f' (for a fraction of GPU memory write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
-            raise ValueError(f"spill_device_limit={value!r} is a float, not {allowed}{hint}")
+            raise ValueError(f"{info.field_name}={value!r} is a float, not {allowed}{hint}")
         match = _SPILL_LIMIT.match(value.strip()) if isinstance(value, str) else None
         fits = match is not None and (
             0 < float(match["percent"]) <= 100 if match["percent"] else int(match["bytes"]) > 0)
         if not fits:
-            raise ValueError(f"spill_device_limit={value!r} is not {allowed}")
+            raise ValueError(f"{info.field_name}={value!r} is not {allowed}")
         return value.strip()
 
     @field_validator("executor_options")
@@ -273,7 +312,32 @@ class CudfPolarsEngine(Block):
         if self.device_memory_pool_size is not None and self.device_memory_resource not in ("async", "pool"):
             raise ValueError("device_memory_pool_size applies to device_memory_resource 'async' or "
                              f"'pool', not {self.device_memory_resource!r}")
+        if self.admission_limit is not None and self.device_memory_limit is None:
+            raise ValueError(f"admission_limit={self.admission_limit!r} needs device_memory_limit: the slots a flow "
+                             "run occupies are its device memory limit in GiB (set device_memory_limit, e.g. \"40%\")")
         return self
+
+    def memory_limit_bytes(self, total: int | None) -> int | None:
+        """
+        ``device_memory_limit`` in bytes (``None`` when unset).
+
+        Parameters
+        ----------
+        total : int or None
+            Bytes a percentage is of: the smallest GPU's memory (on ``cpu``, the machine's memory).
+
+        Raises
+        ------
+        ValueError
+            The limit is a percentage and ``total`` is unknown.
+        """
+        value = self.device_memory_limit
+        if value is None or not str(value).endswith("%"):
+            return None if value is None else int(value)
+        if total is None:
+            raise ValueError(f"device_memory_limit={value!r} is a percentage, but this machine's memory could not be "
+                             "read; give the limit in bytes on the CudfPolarsEngine block.")
+        return int(total * float(str(value)[:-1]) / 100)
 
     def memory_resource_config(self) -> dict[str, Any] | None:
         """

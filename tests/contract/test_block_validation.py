@@ -107,3 +107,26 @@ def test_without_cudf_polars_executor_options_are_checked_against_the_26_10_name
         assert CudfPolarsEngine(executor_options={"broadcast_limit": 1}).executor_options == {"broadcast_limit": 1}
     finally:
         executor_options.streaming_executor_fields.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"device_memory_limit": 0.4}, r'device_memory_limit=0\.4 is a float.*write a percentage: "40%"'),
+        ({"device_memory_limit": "40GB"}, r"device_memory_limit='40GB' is not a percentage"),
+        ({"device_memory_limit": "0%"}, r"device_memory_limit='0%' is not a percentage"),
+        ({"spill_results": "disk"}, r"spill_results.*'off' or 'host'"),
+        ({"admission_limit": "gpu-memory"}, r"admission_limit='gpu-memory' needs device_memory_limit"),
+        ({"admission_limit": "gpu-memory", "device_memory_limit": 8 << 30, "admission_timeout": 0},
+         r"admission_timeout.*greater than 0"),
+    ],
+)
+def test_memory_fields_refuse_what_they_do_not_allow(fields, said):
+    with pytest.raises(ValidationError, match=rf"(?s){said}"):
+        CudfPolarsEngine(**fields)
+
+
+def test_memory_fields_keep_what_they_allow():
+    block = CudfPolarsEngine(device_memory_limit=" 40% ", spill_results="host", admission_limit="gpu-memory")
+    assert (block.device_memory_limit, block.spill_results, block.admission_limit) == ("40%", "host", "gpu-memory")
+    assert CudfPolarsEngine().spill_results == "off" and CudfPolarsEngine().device_memory_limit is None
