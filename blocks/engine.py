@@ -46,6 +46,7 @@ import polars as pl
 
 from prefect_cudf_polars.blocks.backends.choice import start_backend
 from prefect_cudf_polars.blocks.backends.environment import environment
+from prefect_cudf_polars.blocks.backends.probe import memory_total
 from prefect_cudf_polars.blocks.errors import SessionError
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class EngineHost:
         Backend, GPUs, ranks and versions (``RunningEngine.describe``), read once started.
     at_start : Reading or None
         The engine's memory right after it started.
+    memory_limit : int or None
+        The block's ``device_memory_limit`` in bytes, once started (``None``: none).
     start_seconds, shutdown_seconds : float
         Seconds the backend took to start and to shut down (0 until known).
     thread : threading.Thread
@@ -92,6 +95,7 @@ class EngineHost:
         self.running: RunningEngine | None = None
         self.description: dict[str, Any] = {}
         self.at_start: Reading | None = None
+        self.memory_limit: int | None = None
         self.start_seconds = self.shutdown_seconds = 0.0
         self._stack = ExitStack()
         self._ended = ended
@@ -125,8 +129,9 @@ class EngineHost:
         return host
 
     def _start(self, backend: str, block: CudfPolarsEngine) -> None:
+        self.memory_limit = block.memory_limit_bytes(memory_total(backend))
         started = time.perf_counter()
-        self.running = start_backend(backend, block, self._stack)
+        self.running = start_backend(backend, block, self._stack, self.memory_limit)
         self.start_seconds = time.perf_counter() - started
         self.description = self.running.describe()
         self.at_start = self.running.read()

@@ -371,7 +371,8 @@ class CudfPolarsEngine(Block):
                  "max_rows_per_partition": self.max_rows_per_partition}
         return {**{k: v for k, v in named.items() if v is not None}, **self.executor_options}
 
-    def engine_kwargs(self) -> dict[str, Any]:
+    def engine_kwargs(self, limit: int | None = None, *, device_total: int | None = None,
+                      host_total: int | None = None) -> dict[str, Any]:
         """
         The block as the keyword arguments of ``SPMDEngine``, ``DaskEngine`` and ``RayEngine``.
 
@@ -379,6 +380,23 @@ class CudfPolarsEngine(Block):
         ``StreamingOptions`` (``engine/options.py``), constructed by keyword:
         ``rapidsmpf_options``, ``executor_options`` and ``engine_options``.
         Imports cudf-polars.
+
+        With a device memory ``limit`` (bytes, :meth:`memory_limit_bytes`) that
+        is three settings in cudf-polars 26.10.2: the memory resource becomes an
+        ``rmm.mr.LimitingResourceAdaptor`` at ``limit`` over the block's resource
+        (the default ``CudaAsyncMemoryResource`` with ``release_threshold=limit``);
+        rapidsmpf's ``spill_device_limit`` is given in bytes below it (its
+        percentages are of the whole device: a percentage here is of the limit,
+        80 % when unset); and ``pinned_max_pool_size`` is the share of 80 % of
+        ``host_total`` that the limit is of ``device_total`` (rapidsmpf's default
+        lets each engine pin 80 % of host memory), when both are known.
+
+        Parameters
+        ----------
+        limit : int, optional
+            ``device_memory_limit`` in bytes.
+        device_total, host_total : int, optional
+            The GPU's and the machine's memory, in bytes.
 
         Returns
         -------
@@ -391,7 +409,19 @@ class CudfPolarsEngine(Block):
         if self.spill_device_limit is not None:
             # cudf-polars 26.10's StreamingOptions.spill_device_limit is a str ("80%" or bytes).
             named["spill_device_limit"] = str(self.spill_device_limit)
-        if (mr := self.memory_resource_config()) is not None:
+        mr = self.memory_resource_config()
+        if limit is not None:
+            spill = str(self.spill_device_limit or "80%")
+            named["spill_device_limit"] = str(min(int(limit * float(spill[:-1]) / 100) if spill.endswith("%")
+                                                  else int(spill), limit))
+            upstream = mr or {"qualname": MEMORY_RESOURCES["async"], "options": {}}
+            if upstream["qualname"] == MEMORY_RESOURCES["async"]:
+                upstream["options"]["release_threshold"] = limit
+            mr = {"qualname": "rmm.mr.LimitingResourceAdaptor", "options": {"upstream_mr": upstream,
+                                                                            "allocation_limit": limit}}
+            if device_total and host_total:
+                named["pinned_max_pool_size"] = str(int(0.8 * host_total * limit / device_total))
+        if mr is not None:
             named["memory_resource_config"] = MemoryResourceConfig(**mr)
         options = StreamingOptions(**named)
         return {

@@ -82,6 +82,8 @@ class RunningEngine(abc.ABC):
     backend: str
     #: The backend's engine object (a cudf-polars ``StreamingEngine``, or the ``cpu`` engine).
     engine: Any
+    #: ``device_memory_limit`` in bytes, which the engine is held to (``None``: the whole device).
+    memory_limit: int | None = None
 
     @abc.abstractmethod
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> PersistedResult:

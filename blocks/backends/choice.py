@@ -71,7 +71,7 @@ def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
     )
 
 
-def start_backend(backend: str, block: CudfPolarsEngine, stack: ExitStack) -> RunningEngine:
+def start_backend(backend: str, block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> RunningEngine:
     """
     Start ``backend`` with the block's fields (call on the engine host's owner thread).
 
@@ -84,6 +84,8 @@ def start_backend(backend: str, block: CudfPolarsEngine, stack: ExitStack) -> Ru
     stack : contextlib.ExitStack
         Receives everything the backend creates (engine, cluster, lease, Ray
         head); closing it shuts them down, last created first.
+    limit : int, optional
+        ``device_memory_limit`` in bytes (``CudfPolarsEngine.memory_limit_bytes``).
 
     Returns
     -------
@@ -95,4 +97,4 @@ def start_backend(backend: str, block: CudfPolarsEngine, stack: ExitStack) -> Ru
         What the backend raises when its engine cannot start (what it entered
         into ``stack`` is the caller's to close).
     """
-    return importlib.import_module(BACKEND_MODULES[backend]).start(block, stack)
+    return importlib.import_module(BACKEND_MODULES[backend]).start(block, stack, limit)

@@ -151,7 +151,12 @@ class CpuRunningEngine(RunningEngine):
 
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> HostPersistedResult:
         self.gpu_support.check(lf, flags)
-        return HostPersistedResult(self.uid, lf.collect(optimizations=flags))
+        df = lf.collect(optimizations=flags)
+        if self.memory_limit is not None and (need := self.read().memory + df.estimated_size()) > self.memory_limit:
+            # As rmm's LimitingResourceAdaptor refuses an allocation past the limit on a GPU backend.
+            raise MemoryError(f"std::bad_alloc: out_of_memory: Exceeded memory limit (cpu backend: the held results "
+                              f"and this one would take {need:,} bytes of device_memory_limit={self.memory_limit:,})")
+        return HostPersistedResult(self.uid, df)
 
     def check_plan(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> None:
         # A deferred step's plan is checked as collect checks it (with raise_on_fail=False a
@@ -181,8 +186,9 @@ class CpuRunningEngine(RunningEngine):
             _stores.pop(self.uid, None)
 
 
-def start(block: CudfPolarsEngine, stack: ExitStack) -> CpuRunningEngine:
-    """Start the ``cpu`` backend (no GPU needed), with the GPU-support check where it can run."""
+def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> CpuRunningEngine:
+    """Start the ``cpu`` backend (no GPU needed), with the GPU-support check where it can run; ``limit`` in bytes."""
     running = CpuRunningEngine(GPUSupportCheck.open(block), block.raise_on_fail)
+    running.memory_limit = limit
     stack.callback(running.shutdown)
     return running

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import importlib.util
+import os
 
 # CUDA driver API status codes (cuda.h, CUresult).
 _CUDA_ERRORS = {
@@ -64,6 +65,30 @@ def count_gpus() -> tuple[int, str | None]:
     if count.value == 0:
         return 0, "the NVIDIA driver sees no GPU (check CUDA_VISIBLE_DEVICES)"
     return count.value, None
+
+
+def gpu_memory_bytes() -> int | None:
+    """The memory of the smallest visible GPU in bytes (``cuDeviceTotalMem_v2``), or ``None`` without one."""
+    count, problem = count_gpus()
+    if problem is not None:
+        return None
+    cuda, totals = ctypes.CDLL("libcuda.so.1"), []
+    for ordinal in range(count):
+        device, total = ctypes.c_int(0), ctypes.c_size_t(0)
+        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) or cuda.cuDeviceTotalMem_v2(ctypes.byref(total), device):
+            return None
+        totals.append(total.value)
+    return min(totals)
+
+
+def memory_total(backend: str) -> int | None:
+    """Bytes a ``device_memory_limit`` percentage is of: the smallest GPU's memory, on ``cpu`` the machine's."""
+    if backend != "cpu":
+        return gpu_memory_bytes()
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
 
 
 def rapids_installed() -> bool:

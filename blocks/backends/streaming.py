@@ -21,6 +21,7 @@ import polars as pl
 from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank, restore_environment_on_rank
+from prefect_cudf_polars.blocks.backends.probe import memory_total
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -163,9 +164,16 @@ class StreamingRunningEngine(RunningEngine):
         }
 
 
-def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
+def limited_engine_kwargs(block: CudfPolarsEngine, limit: int | None) -> dict[str, Any]:
+    """``block.engine_kwargs`` with ``limit`` (bytes), the GPU's and the machine's memory read here."""
+    return block.engine_kwargs(limit, device_total=memory_total("spmd"), host_total=memory_total("cpu"))
+
+
+def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> StreamingRunningEngine:
     """Create an ``SPMDEngine`` from the block's options (call on the owner thread); its shutdown goes on ``stack``."""
     from cudf_polars.engine.spmd import SPMDEngine
 
     silence_unstable_warning()
-    return StreamingRunningEngine("spmd", stack).enter(SPMDEngine(**block.engine_kwargs()), stack)
+    running = StreamingRunningEngine("spmd", stack)
+    running.memory_limit = limit
+    return running.enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.dask import lease
 from prefect_cudf_polars.blocks.backends.dask.cluster import DaskClusterError, connect
-from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine, silence_unstable_warning
+from prefect_cudf_polars.blocks.backends.streaming import (
+    StreamingRunningEngine, limited_engine_kwargs, silence_unstable_warning)
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -37,7 +38,7 @@ class DaskLeaseError(DaskClusterError):
     """The external Dask scheduler would not take the lease that cleans up after a killed session."""
 
 
-def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
+def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> StreamingRunningEngine:
     """
     Create a ``DaskEngine`` on the block's cluster (call on the owner thread).
 
@@ -54,9 +55,10 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
 
     silence_unstable_warning()
     running = StreamingRunningEngine("dask", stack)
+    running.memory_limit = limit
     connection = connect(block)
     stack.callback(connection.close)
-    kwargs = block.engine_kwargs()
+    kwargs = limited_engine_kwargs(block, limit)
     if connection.owned:
         # LocalCUDACluster already pins each worker to its GPU and CPUs.
         kwargs["engine_options"]["hardware_binding"] = HardwareBindingPolicy(enabled=False)

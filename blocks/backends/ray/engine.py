@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING
 from prefect_cudf_polars.blocks.backends.compat import disable_ray_failure_signal_handler, reload_ray_auth_token
 from prefect_cudf_polars.blocks.backends.ray.connect import explain_connect_failure
 from prefect_cudf_polars.blocks.backends.ray.head import start_local_head
-from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine, silence_unstable_warning
+from prefect_cudf_polars.blocks.backends.streaming import (
+    StreamingRunningEngine, limited_engine_kwargs, silence_unstable_warning)
 from prefect_cudf_polars.blocks.errors import NoGPUError
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 
-def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
+def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> StreamingRunningEngine:
     """
     Create a ``RayEngine`` (call on the owner thread); the engine and an owned head go on ``stack``.
 
@@ -52,6 +53,7 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
 
     silence_unstable_warning()
     running = StreamingRunningEngine("ray", stack)
+    running.memory_limit = limit
     if block.ray_address:
         init, cluster = {"address": block.ray_address}, f"external Ray {block.ray_address}"
         reload_ray_auth_token()  # not a token an earlier Ray session in this process loaded
@@ -63,7 +65,7 @@ def start(block: CudfPolarsEngine, stack: ExitStack) -> StreamingRunningEngine:
         stack.callback(head.stop)
         init, cluster = {"address": head.address}, "owned local Ray"
     try:
-        running.enter(RayEngine(ray_init_options=init, **block.engine_kwargs()), stack)
+        running.enter(RayEngine(ray_init_options=init, **limited_engine_kwargs(block, limit)), stack)
     except ConnectionError as exc:
         if not block.ray_address:
             raise
