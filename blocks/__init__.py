@@ -15,6 +15,8 @@ GPUResult
     The handle a GPU task returns (also exported by :mod:`prefect_cudf_polars.tasks`).
 NoEngineSessionError, NoGPUError, SessionError
     Errors of session lookup, GPU availability and session lifecycle.
+AdmissionError
+    A session's admission slots (``admission_limit``) could not be occupied, or not in time.
 BlockNotFoundError
     No saved engine block has that name (a ``LookupError`` and a ``ValueError``).
 
@@ -30,6 +32,9 @@ an upper one provides. Bottom to top:
 ``engine_block``
     :class:`CudfPolarsEngine`: fields, checks, and the one translation into
     cudf-polars' options.
+``admission``
+    The session's GiB of device memory held in a Prefect global concurrency
+    limit while its engine runs.
 ``backends/``
     One adapter per engine (``cpu``, ``streaming`` for ``spmd``, ``dask/``,
     ``ray/``); every third-party private access in ``backends/compat``.
@@ -46,13 +51,20 @@ an upper one provides. Bottom to top:
 """
 
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
-from prefect_cudf_polars.blocks.errors import BlockNotFoundError, NoEngineSessionError, NoGPUError, SessionError
+from prefect_cudf_polars.blocks.errors import (
+    AdmissionError,
+    BlockNotFoundError,
+    NoEngineSessionError,
+    NoGPUError,
+    SessionError,
+)
 from prefect_cudf_polars.blocks.results import GPUResult
 from prefect_cudf_polars.blocks.active import get_engine_session
 from prefect_cudf_polars.blocks.session import EngineSession
 from prefect_cudf_polars.blocks.task_runner import CudfPolarsTaskRunner
 
 __all__ = [
+    "AdmissionError",
     "BlockNotFoundError",
     "CudfPolarsEngine",
     "CudfPolarsTaskRunner",

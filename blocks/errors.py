@@ -10,7 +10,7 @@ All of them pickle and unpickle with their message and attributes intact.
 from __future__ import annotations
 
 __all__ = [
-    "BlockNotFoundError", "CannotRecomputeError", "DeviceMemoryError", "GPUResultError", "HostPersistenceError",
+    "AdmissionError", "BlockNotFoundError", "CannotRecomputeError", "DeviceMemoryError", "GPUResultError", "HostPersistenceError",
     "NoEngineSessionError", "NoGPUError", "ResultConsumedError", "ResultReleasedError", "SessionError",
     "WrongEngineError",
 ]
@@ -156,6 +156,36 @@ ENDED_WITH_RUN = (
     "The engine session {id} ({by}{where}) has ended with its flow run, so it runs no more queries; open a "
     "new session (a new flow run) to run more."
 )
+
+
+class AdmissionError(SessionError):
+    """
+    A session could not occupy its admission slots, so its engine did not start.
+
+    A :class:`~prefect_cudf_polars.blocks.CudfPolarsEngine` with ``admission_limit``
+    occupies ``ceil(device_memory_limit / GiB)`` slots of that Prefect global
+    concurrency limit before its engine starts. This error is raised (in the first
+    GPU task run) when the limit does not exist, is smaller than the slots asked
+    for, or the slots were not free within ``admission_timeout``
+    seconds. The message names the limit, the slots and the seconds, and what to
+    do next (``prefect gcl create NAME --limit N``, raise ``admission_timeout``,
+    lower ``device_memory_limit``). Nothing was started and no slot is held.
+
+    Attributes
+    ----------
+    limit_name : str or None
+        The global concurrency limit's name.
+    slots : int or None
+        The slots (GiB of device memory) asked for.
+    waited_seconds : float or None
+        Seconds the session waited before it gave up.
+    """
+
+    def __init__(self, message: str = "", *, limit_name: str | None = None, slots: int | None = None,
+                 waited_seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.limit_name, self.slots, self.waited_seconds = limit_name, slots, waited_seconds
+        # kept through pickling (BaseException.__reduce__ carries __dict__)
 
 
 class NoEngineSessionError(SessionError):

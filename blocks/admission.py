@@ -1,0 +1,229 @@
+"""
+Admission by bytes: a session holds GiB of device memory in a Prefect global concurrency limit while its engine runs.
+
+A :class:`~prefect_cudf_polars.blocks.CudfPolarsEngine` with ``admission_limit``
+names a Prefect global concurrency limit whose slots are GiB of device memory
+(``prefect gcl create gpu-memory --limit 140`` for one 140 GiB GPU). Before its
+engine starts, a session occupies ``ceil(device_memory_limit / GiB)`` slots of
+it through Prefect's own :func:`prefect.concurrency.sync.concurrency`, so flow
+runs whose limits add up to more than the GPU wait for each other instead of
+running out of memory; the slots are given back after the engine has shut
+down. :func:`admitted` is the one place this happens (``EngineHost`` enters it
+on the engine's owner thread).
+
+Bounds (Prefect 3.9.1)
+----------------------
+* The slots are held under a lease of :data:`LEASE_DURATION_S` seconds that
+  Prefect renews on a thread of its own every 75 % of it while they are held. A
+  renewal that fails is logged by Prefect and does not stop the engine
+  (``raise_on_lease_renewal_failure=False``): the engine keeps running, and the
+  limit may then be exceeded until it ends.
+* A process killed without unwinding (SIGKILL) gives nothing back; its lease
+  expires :data:`LEASE_DURATION_S` seconds after its last renewal, and a
+  ``prefect server`` frees the slots at its next repossessor pass (every 15 s).
+  The temporary local API Prefect starts when none is configured runs no
+  repossessor.
+* A waiting session asks again after the ``Retry-After`` the API answers (at most
+  ``PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS``, 30 s by
+  default), so admission follows a release by up to that long. In one process,
+  Prefect asks for one limit's slots one request at a time, so a second session
+  of the same process waits behind the first one's request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from prefect_cudf_polars.blocks.errors import AdmissionError
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
+
+#: Bytes per admission slot: one slot is one GiB of device memory.
+GIB = 2**30
+
+#: Seconds of the lease on the occupied slots (Prefect's API accepts 60 s to one day). Prefect
+#: renews it every 45 s while the slots are held; a killed process's slots are free 60 s after
+#: its last renewal, at the server's next repossessor pass.
+LEASE_DURATION_S = 60.0
+
+#: ``log(level, msg, *args)``: one line in the flow run's log.
+Log = Callable[..., None]
+
+
+@dataclass
+class Admission:
+    """
+    What a session occupies of its admission limit.
+
+    Attributes
+    ----------
+    limit_name : str or None
+        The global concurrency limit (``None``: no admission).
+    slots : int
+        Slots held (GiB of device memory); 0 without admission.
+    seconds : float
+        Seconds waited until the slots were held; 0.0 without admission.
+    """
+
+    limit_name: str | None = None
+    slots: int = 0
+    seconds: float = 0.0
+
+
+def slots_for(limit_bytes: int) -> int:
+    """The slots a device memory limit of ``limit_bytes`` bytes occupies: whole GiB, rounded up (at least 1)."""
+    return max(1, math.ceil(limit_bytes / GIB))
+
+
+@contextlib.contextmanager
+def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log,
+             *, flow_run_id: UUID | None = None) -> Iterator[Admission]:
+    """
+    Hold ``ceil(limit_bytes / GiB)`` slots of ``block.admission_limit`` while the ``with`` block runs.
+
+    Enter and leave it on one thread (the engine's owner thread). Without
+    ``block.admission_limit`` it does nothing and yields an empty
+    :class:`Admission`. Otherwise it writes one line before it waits (the limit,
+    the slots in GiB, the longest wait in seconds) and one once the slots are
+    held (the seconds waited), then holds them under a lease of
+    :data:`LEASE_DURATION_S` seconds that Prefect renews while they are held,
+    and gives them back on leaving, however the block ends. A limit that
+    Prefect has disabled is not enforced: a warning, and nothing is held.
+
+    Parameters
+    ----------
+    block : CudfPolarsEngine
+        Its ``admission_limit`` (a global concurrency limit's name) and
+        ``admission_timeout`` (seconds to wait at most).
+    limit_bytes : int or None
+        The session's device memory limit in bytes (``block.memory_limit_bytes``).
+    log : callable
+        ``log(level, msg, *args)``, writing one line to the flow run's log.
+    flow_run_id : uuid.UUID, optional
+        The flow run shown as the slots' holder in Prefect.
+
+    Yields
+    ------
+    Admission
+        The limit, the slots held and the seconds waited for them.
+
+    Raises
+    ------
+    AdmissionError
+        The limit does not exist, has fewer slots than asked for, could not be
+        reached, or the slots were not free within ``block.admission_timeout``
+        seconds. Nothing is held then.
+    ValueError
+        ``block.admission_limit`` is set and ``limit_bytes`` is ``None``.
+    """
+    name = block.admission_limit
+    if name is None:
+        yield Admission()
+        return
+    if limit_bytes is None:
+        raise ValueError(f"admission_limit={name!r} needs the session's device memory limit in bytes; "
+                         "set device_memory_limit on the CudfPolarsEngine block.")
+    slots = slots_for(limit_bytes)
+    timeout = block.admission_timeout
+    if not _limit_is_active(name, slots):
+        log(logging.WARNING, "Admission limit %r is disabled in Prefect, so it is not enforced: the engine starts "
+            "without occupying %d slot(s); enable it with `prefect gcl enable %s`.", name, slots, name)
+        yield Admission(name, 0, 0.0)
+        return
+    log(logging.INFO, "Waiting for admission: %d slot(s) (GiB of device memory) of global concurrency limit %r, "
+        "for at most %g s (admission_timeout).", slots, name, timeout)
+    held, started = _occupy(name, slots, timeout, flow_run_id)
+    seconds = time.monotonic() - started
+    log(logging.INFO, "Admitted after %.2f s: holding %d slot(s) of global concurrency limit %r until the engine "
+        "has shut down.", seconds, slots, name)
+    try:
+        yield Admission(name, slots, seconds)
+    finally:
+        try:
+            held.__exit__(None, None, None)
+        except Exception as exc:
+            log(logging.WARNING, "The %d slot(s) of global concurrency limit %r were not given back (%s: %s); "
+                "under `prefect server` they are free %g s after the last lease renewal.",
+                slots, name, type(exc).__name__, exc, LEASE_DURATION_S)
+
+
+def _limit_is_active(name: str, slots: int) -> bool:
+    """
+    Read the limit once: whether it is enforced, refusing one that is missing or too small.
+
+    Raises
+    ------
+    AdmissionError
+        No limit of that name, or fewer slots in it than ``slots``.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            limit = client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            raise AdmissionError(
+                f"The global concurrency limit {name!r} (admission_limit) does not exist at this Prefect API, so "
+                f"the engine cannot occupy its {slots} slot(s) (GiB of device memory) and did not start. Create "
+                f"it with one slot per GiB of the GPU's memory, e.g. `prefect gcl create {name} --limit 80` for an "
+                "80 GiB GPU (or `prefect-cudf-polars deploy --admission-limit ...`), or clear admission_limit "
+                "on the CudfPolarsEngine block.",
+                limit_name=name, slots=slots, waited_seconds=0.0,
+            ) from None
+    if limit.active and limit.limit < slots:
+        raise AdmissionError(
+            f"The global concurrency limit {name!r} (admission_limit) has {limit.limit} slot(s), fewer than the "
+            f"{slots} this session needs (device_memory_limit in GiB, rounded up), so it would never be admitted. "
+            f"Raise the limit (`prefect gcl update {name} --limit N`, one slot per GiB of the GPU's memory) or "
+            "lower device_memory_limit on the CudfPolarsEngine block.",
+            limit_name=name, slots=slots, waited_seconds=0.0,
+        )
+    return bool(limit.active)
+
+
+def _occupy(name: str, slots: int, timeout: float, flow_run_id: UUID | None) -> tuple[Any, float]:
+    """
+    Enter Prefect's ``concurrency`` for ``slots`` slots of ``name``; returns the entered context and when the wait began.
+
+    Raises
+    ------
+    AdmissionError
+        Prefect could not occupy the slots, or not within ``timeout`` seconds.
+    """
+    from prefect.client.schemas.objects import ConcurrencyLeaseHolder
+    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
+    from prefect.concurrency.sync import concurrency
+
+    holder = ConcurrencyLeaseHolder(type="flow_run", id=flow_run_id) if flow_run_id is not None else None
+    held = concurrency(name, occupy=slots, timeout_seconds=timeout, lease_duration=LEASE_DURATION_S, strict=True,
+                       holder=holder, raise_on_lease_renewal_failure=False)
+    started = time.monotonic()
+    try:
+        held.__enter__()
+    except TimeoutError:
+        waited = time.monotonic() - started
+        raise AdmissionError(
+            f"Waited {waited:.1f} s (admission_timeout={timeout:g}) for {slots} slot(s) (GiB of device memory) of "
+            f"the global concurrency limit {name!r} and they did not come free: other flow runs hold them. The "
+            "engine did not start and holds nothing. Raise admission_timeout on the CudfPolarsEngine block to "
+            f"wait longer, lower its device_memory_limit, or see who holds the slots with `prefect gcl inspect "
+            f"{name}`.",
+            limit_name=name, slots=slots, waited_seconds=waited,
+        ) from None
+    except ConcurrencySlotAcquisitionError as exc:
+        raise AdmissionError(
+            f"Could not occupy {slots} slot(s) of the global concurrency limit {name!r} (admission_limit): {exc}. "
+            f"The engine did not start. Check that the limit exists (`prefect gcl inspect {name}`) and that this "
+            "Prefect API is reachable, then run the flow again.",
+            limit_name=name, slots=slots, waited_seconds=time.monotonic() - started,
+        ) from exc
+    return held, started
