@@ -10,7 +10,11 @@ head) goes into one :class:`contextlib.ExitStack`, as cudf-polars'
 ``StreamingEngine`` holds its ``exit_stack`` and prefect-dask enters what it
 creates into one stack; :meth:`EngineHost.shutdown` closes it, once, as the
 thread's last call, and drops the engine there, so the engine and its memory
-resource are freed on the thread that created them. A subflow's session that
+resource are freed on the thread that created them. With the block's
+``admission_limit``, the owner thread first occupies the session's GiB of
+device memory in that Prefect global concurrency limit
+(:func:`~prefect_cudf_polars.blocks.admission.admitted`) and gives them back
+after the stack has closed and the engine is dropped. A subflow's session that
 uses the same block runs on its parent's host, by reference; only the session
 that started a host shuts it down.
 
@@ -44,6 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
 
+from prefect_cudf_polars.blocks.admission import Admission, Log, admitted
 from prefect_cudf_polars.blocks.backends.choice import start_backend
 from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.backends.probe import memory_total
@@ -85,6 +90,11 @@ class EngineHost:
         The engine's memory right after it started.
     memory_limit : int or None
         The block's ``device_memory_limit`` in bytes, once started (``None``: none).
+    admission : Admission
+        The slots of the block's ``admission_limit`` held while the engine runs
+        (the limit's name, the slots in GiB, the seconds waited for them).
+    admission_seconds : float
+        Seconds the start waited for those slots (0.0 without admission).
     start_seconds, shutdown_seconds : float
         Seconds the backend took to start and to shut down (0 until known).
     thread : threading.Thread
@@ -96,6 +106,9 @@ class EngineHost:
         self.description: dict[str, Any] = {}
         self.at_start: Reading | None = None
         self.memory_limit: int | None = None
+        self.admission = Admission()
+        self.admission_seconds = 0.0
+        self._admitted = ExitStack()  # the admission slots: given back after the engine's stack
         self.start_seconds = self.shutdown_seconds = 0.0
         self._stack = ExitStack()
         self._ended = ended
@@ -107,19 +120,42 @@ class EngineHost:
         self.thread.start()
 
     @classmethod
-    def start(cls, backend: str, block: CudfPolarsEngine, *, name: str, ended: Callable[[], str]) -> EngineHost:
+    def start(cls, backend: str, block: CudfPolarsEngine, *, name: str, ended: Callable[[], str],
+              log: Log | None = None) -> EngineHost:
         """
-        Start ``backend`` on a new owner thread.
+        Start ``backend`` on a new owner thread, after occupying the block's admission slots.
+
+        Parameters
+        ----------
+        backend : str
+            The resolved backend (``"spmd"``, ``"dask"``, ``"ray"`` or ``"cpu"``).
+        block : CudfPolarsEngine
+        name : str
+            The owner thread's name.
+        ended : callable
+            Returns the text of the :class:`SessionError` for a call handed in after shutdown.
+        log : callable, optional
+            ``log(level, msg, *args)``: where the admission's lines go (the flow
+            run's log). Default: the run logger of the Prefect run calling this,
+            else the ``prefect_cudf_polars`` logger.
 
         Raises
         ------
+        AdmissionError
+            With the block's ``admission_limit``: the limit does not exist, is too
+            small, or its slots were not free within ``admission_timeout`` seconds.
         NoGPUError, DaskClusterError, RayClusterError, Exception
             What the backend raised (or its first reading); what it had started is shut
-            down, waited for at most the block's ``teardown_timeout``, and the thread ends.
+            down, waited for at most the block's ``teardown_timeout``, and the thread ends;
+            the admission slots are given back after it.
         """
+        from prefect_cudf_polars.blocks.active import flow_run_context
+
+        ctx = flow_run_context()
+        flow_run_id = ctx.flow_run.id if ctx is not None else None
         host = cls(name, ended)
         try:
-            host.run(host._start, backend, block)
+            host.run(host._start, backend, block, log or _run_log(), flow_run_id)
         except BaseException as exc:
             try:
                 host.shutdown(deadline=block.teardown_timeout)  # what the backend had started
@@ -128,8 +164,14 @@ class EngineHost:
             raise
         return host
 
-    def _start(self, backend: str, block: CudfPolarsEngine) -> None:
+    def _start(self, backend: str, block: CudfPolarsEngine, log: Log, flow_run_id: Any) -> None:
         self.memory_limit = block.memory_limit_bytes(memory_total(backend))
+        self.admission = self._admitted.enter_context(admitted(block, self.memory_limit, log, flow_run_id=flow_run_id))
+        self.admission_seconds = self.admission.seconds
+        with self._lock:
+            abandoned = not self._accepting  # the caller stopped waiting and shut the host down meanwhile
+        if abandoned:
+            raise SessionError(self._ended())
         started = time.perf_counter()
         self.running = start_backend(backend, block, self._stack, self.memory_limit)
         self.start_seconds = time.perf_counter() - started
@@ -371,6 +413,18 @@ class EngineHost:
             finally:
                 self.running = None  # freed here, on the thread that created it
                 self.shutdown_seconds = time.perf_counter() - started
+                self._admitted.close()  # the slots, once the engine and its memory resource are gone
+
+
+def _run_log() -> Log:
+    """``log(level, msg, *args)`` to the run logger of the Prefect run here, else the ``prefect_cudf_polars`` logger."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging.loggers import get_logger, get_run_logger
+
+    try:
+        return get_run_logger().log
+    except MissingContextError:
+        return get_logger("prefect_cudf_polars").log
 
 
 def _ended_within(future: Future[Any], timeout: float | None) -> bool:

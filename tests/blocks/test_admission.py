@@ -1,0 +1,282 @@
+"""
+Admission by bytes: a session holds ceil(device_memory_limit / GiB) slots of a Prefect global concurrency limit.
+
+Against the real local Prefect API of the test session: each test creates its own
+global concurrency limit with Prefect's client and reads its active slots back from
+the API. The flow runs use the ``cpu`` backend with ``device_memory_limit`` 4 GiB,
+so each one holds 4 slots while its engine runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.settings import PREFECT_API_URL
+
+from api_reads import task_run_list
+from conftest import read_run_logs
+from process_worker import cancel_and_wait, process_worker_deployment
+from processes import pid_alive, wait_until
+from prefect_cudf_polars.blocks import AdmissionError, CudfPolarsEngine, CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks.admission import GIB, admitted, slots_for
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
+from prefect_cudf_polars.tasks import execute
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def new_limit(slots: int, *, active: bool = True) -> str:
+    """A new global concurrency limit of ``slots`` slots with a name of its own; returns the name."""
+    name = f"gpu-memory-{uuid.uuid4().hex[:12]}"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots, active=active))
+    return name
+
+
+def active_slots(name: str) -> int:
+    """The limit's active slots, read from the API."""
+    with get_client(sync_client=True) as client:
+        return client.read_global_concurrency_limit_by_name(name).active_slots
+
+
+def four_gib_block(limit: str, **fields) -> CudfPolarsEngine:
+    return CudfPolarsEngine(backend="cpu", device_memory_limit=4 * GIB, admission_limit=limit, **fields)
+
+
+def owner_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("cudf-polars-engine-owner")]
+
+
+class Lines(logging.Handler):
+    """Every log line written through the loggers a session's admission writes to, in this process."""
+
+    LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "prefect_cudf_polars")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def count(self, text: str) -> int:
+        return sum(text in m for m in list(self.messages))
+
+
+@pytest.fixture()
+def lines():
+    handler = Lines()
+    loggers = [logging.getLogger(name) for name in Lines.LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler
+    for logger in loggers:
+        logger.removeHandler(handler)
+
+
+def test_a_limit_occupies_its_bytes_in_whole_gib_rounded_up():
+    assert slots_for(4 * GIB) == 4
+    assert slots_for(4 * GIB + 1) == 5
+    assert slots_for(1) == 1
+
+
+def test_without_an_admission_limit_nothing_is_occupied_or_logged():
+    logged = []
+    with admitted(CudfPolarsEngine(backend="cpu"), None, lambda *a: logged.append(a)) as admission:
+        assert (admission.limit_name, admission.slots, admission.seconds) == (None, 0, 0.0)
+    assert logged == []
+
+
+def test_three_flow_runs_of_4_gib_under_a_10_slot_limit_never_run_three_engines_at_once(orders, lines):
+    name = new_limit(10)
+    marks: list[tuple[str, int]] = []
+    mark_lock = threading.Lock()
+    go_on = threading.Event()
+    waiting_line = f"of global concurrency limit {name!r}, for at most"
+
+    def mark(kind: str, i: int) -> None:
+        with mark_lock:
+            marks.append((kind, i))
+
+    @flow
+    def admitted_run(i: int) -> int:
+        with four_gib_block(name).session():
+            mark("started", i)
+            try:
+                rows = execute(pl.scan_parquet(orders), name=f"orders-{i}").lazy().collect().height
+                assert go_on.wait(60), "the test never let the engines end"
+            finally:
+                mark("ended", i)
+            return rows
+
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = admitted_run(i)
+        except BaseException as exc:  # reported by the assertions below
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"admitted-run-{i}") for i in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        # Two engines run; the third flow run has written its waiting line and is not admitted.
+        wait_until(lambda: sum(k == "started" for k, _ in marks) >= 2 and lines.count(waiting_line) == 3,
+                   120, "two engines started and three flow runs waiting or admitted")
+        assert sum(k == "started" for k, _ in marks) == 2, marks
+        assert active_slots(name) == 8
+    finally:
+        go_on.set()
+        for t in threads:
+            t.join(120)
+    assert results == {0: 1000, 1: 1000, 2: 1000}, results
+    running, most = set(), 0
+    for kind, i in marks:
+        (running.add if kind == "started" else running.discard)(i)
+        most = max(most, len(running))
+    assert most == 2, marks
+    assert marks[2][0] == "ended", marks  # the third engine started only after one had ended
+    assert lines.count(f"Admitted after") == 3
+    assert active_slots(name) == 0
+    assert not owner_threads()
+
+
+def test_slots_are_given_back_after_a_flow_run_that_raises(orders):
+    name = new_limit(10)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def fails_after_a_result() -> None:
+        execute(pl.scan_parquet(orders))
+        assert active_slots(name) == 4
+        raise ValueError("the flow body failed")
+
+    with pytest.raises(ValueError, match="the flow body failed"):
+        fails_after_a_result()
+    assert active_slots(name) == 0
+    assert not owner_threads()
+
+
+def test_slots_are_given_back_when_the_engine_fails_to_start(orders, monkeypatch):
+    from prefect_cudf_polars.blocks import engine
+
+    name = new_limit(10)
+    seen: list[int] = []
+
+    def broken_start(*args, **kwargs):
+        seen.append(active_slots(name))
+        raise RuntimeError("the backend could not start")
+
+    monkeypatch.setattr(engine, "start_backend", broken_start)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def pipeline() -> None:
+        execute(pl.scan_parquet(orders))
+
+    with pytest.raises(RuntimeError, match="the backend could not start"):
+        pipeline()
+    assert seen == [4]  # admitted first, then the backend was started
+    assert active_slots(name) == 0
+    assert not owner_threads()
+
+
+def test_a_missing_limit_fails_the_first_gpu_task_run_and_starts_nothing(orders):
+    name = f"gpu-memory-missing-{uuid.uuid4().hex[:12]}"
+    before = held_partitions()
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def pipeline() -> None:
+        execute(pl.scan_parquet(orders))
+
+    state = pipeline(return_state=True)
+    assert state.is_failed()
+    with pytest.raises(AdmissionError, match=rf"global concurrency limit '{name}' .*does not exist.*prefect gcl create"):
+        state.result()
+    failed = [run for run in task_run_list(state.state_details.flow_run_id, expect=1, final=True)
+              if run.state.is_failed()]
+    assert len(failed) == 1 and "does not exist" in failed[0].state.message, failed
+    assert f"prefect gcl create {name} --limit" in failed[0].state.message
+    assert held_partitions() == before
+    assert not owner_threads()
+
+
+def test_a_limit_smaller_than_the_session_needs_is_refused_at_once(orders):
+    name = new_limit(3)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def pipeline() -> None:
+        execute(pl.scan_parquet(orders))
+
+    with pytest.raises(AdmissionError, match=r"has 3 slot\(s\), fewer than the 4 this session needs"):
+        pipeline()
+    assert active_slots(name) == 0
+
+
+def test_a_disabled_limit_is_not_enforced_and_says_so(orders, lines):
+    name = new_limit(2, active=False)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def pipeline() -> int:
+        return execute(pl.scan_parquet(orders)).lazy().collect().height
+
+    assert pipeline() == 1000
+    assert lines.count(f"Admission limit {name!r} is disabled in Prefect, so it is not enforced") == 1
+
+
+def test_a_session_that_waits_past_its_admission_timeout_fails_and_its_log_says_what_it_waited_for(orders):
+    from prefect.concurrency.sync import concurrency
+
+    name = new_limit(6)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name, admission_timeout=2.0)))
+    def pipeline() -> None:
+        execute(pl.scan_parquet(orders))
+
+    with concurrency(name, occupy=4, strict=True):  # another holder takes 4 of the 6 slots
+        state = pipeline(return_state=True)
+        assert active_slots(name) == 4
+    assert state.is_failed()
+    with pytest.raises(AdmissionError, match=rf"Waited \d+\.\d s \(admission_timeout=2\) for 4 slot\(s\) .*{name}"
+                       r".*Raise admission_timeout"):
+        state.result()
+    logged = read_run_logs(state.state_details.flow_run_id, expect="Waiting for admission")
+    assert [m for m in logged if m.startswith("Waiting for admission: 4 slot(s) (GiB of device memory) of global "
+                                              f"concurrency limit {name!r}, for at most 2 s")], logged
+    assert active_slots(name) == 0
+    assert not owner_threads()
+
+
+@pytest.mark.timeout(300)
+def test_a_cancelled_flow_run_gives_its_slots_back(tmp_path, orders):
+    from prefect.deployments import run_deployment
+
+    name = new_limit(10)
+    pool = f"admission-{tmp_path.name}"[:50]
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    ready_file = tmp_path / "ready.json"
+    with process_worker_deployment(
+        pool, flow_name="admitted-hold", entrypoint="admitted_flow.py:admitted_hold", folder=SCRIPTS,
+        parameters={"evidence": str(tmp_path), "path": str(orders), "limit": name}, env=env,
+        log=tmp_path / "worker.log",
+    ) as worker:
+        flow_run = run_deployment(f"admitted-hold/{pool}", timeout=0)
+        wait_until(lambda: ready_file.exists() or worker.poll() is not None, 240, "the flow run holding its slots")
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-4000:]
+        ready = json.loads(ready_file.read_text())
+        assert ready["state"] == "live"
+        assert active_slots(name) == 4
+        state, _ = cancel_and_wait(flow_run.id, pid=ready["pid"])
+        assert state.is_cancelled(), state
+    assert not pid_alive(ready["pid"])
+    assert active_slots(name) == 0
