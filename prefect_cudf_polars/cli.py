@@ -3,14 +3,21 @@
 
 Commands
 --------
-``prefect-cudf-polars save-engine NAME --backend spmd``
+``prefect-cudf-polars save-engine NAME --backend spmd [--device-memory-limit 40%] [--admission-limit gpu-memory]``
     Save a ``cudf-polars-engine`` block (there is no Prefect CLI command that
     saves a block with field values).
-``prefect-cudf-polars deploy [--engine-block gpu] [--backend spmd] [--pool gpu-pool]``
+``prefect-cudf-polars admission-limit NAME --slots N``
+    Create the Prefect global concurrency limit ``NAME`` with ``N`` slots (GiB of
+    device memory), or set an existing one's size to ``N``.
+``prefect-cudf-polars deploy [--engine-block gpu] [--backend spmd] [--pool gpu-pool] [--admission-limit NAME --device-memory-limit 40%]``
     Run, in order and printing each one, the commands of the README's "Deploy"
     section: register the block type, save the engine block, create the process
     work pool with a concurrency limit of 1, and ``prefect --no-prompt deploy --all``
-    with the project's ``prefect.yaml``. ``make deploy`` calls it.
+    with the project's ``prefect.yaml``. ``make deploy`` calls it. With
+    ``--admission-limit``, flow runs share the GPU by bytes instead
+    (``docs/admission.md``): the engine block gets ``device_memory_limit`` and
+    ``admission_limit``, the global concurrency limit gets one slot per GiB of
+    the GPU's memory, and the work pool's concurrency limit is cleared.
 
 Both talk to the Prefect API that ``PREFECT_API_URL`` names (a running
 ``prefect server start``, or Prefect Cloud): a worker cannot reach the
@@ -21,6 +28,7 @@ run without one.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import subprocess
@@ -32,6 +40,8 @@ from pathlib import Path
 DEFAULT_POOL = "gpu-pool"
 #: The engine block name the project's prefect.yaml passes to the main job.
 DEFAULT_ENGINE_BLOCK = "gpu"
+#: Bytes per admission slot: one slot of the global concurrency limit is one GiB of device memory.
+GIB = 2**30
 
 
 class DeployError(RuntimeError):
@@ -46,7 +56,15 @@ def api_url() -> str | None:
     return str(url) if url else None
 
 
-def save_engine(name: str, *, backend: str, cpu_fallback: bool = False) -> str:
+def memory_limit_value(text: str | None) -> int | str | None:
+    """A ``--device-memory-limit`` as the block takes it: bytes (``"40000000000"`` -> int) or a percentage (``"40%"``)."""
+    if text is None:
+        return None
+    return text if text.strip().endswith("%") else int(text)
+
+
+def save_engine(name: str, *, backend: str, cpu_fallback: bool = False, device_memory_limit: int | str | None = None,
+                admission_limit: str | None = None, admission_timeout: float | None = None) -> str:
     """
     Save a ``cudf-polars-engine`` block under ``name`` (overwriting one of that name).
 
@@ -59,6 +77,14 @@ def save_engine(name: str, *, backend: str, cpu_fallback: bool = False) -> str:
         ``"auto"``, ``"spmd"``, ``"dask"``, ``"ray"`` or ``"cpu"``.
     cpu_fallback
         Use the ``cpu`` backend with a warning where no GPU is usable.
+    device_memory_limit
+        Device memory each flow run's engine may use: bytes, or a percentage of
+        the GPU's memory (``"40%"``); ``None``: the whole GPU.
+    admission_limit
+        The global concurrency limit whose slots (GiB) a flow run occupies while
+        its engine runs (needs ``device_memory_limit``); ``None``: no admission.
+    admission_timeout
+        Seconds a flow run waits for its slots (``None``: the block's default, 3600).
 
     Returns
     -------
@@ -68,30 +94,86 @@ def save_engine(name: str, *, backend: str, cpu_fallback: bool = False) -> str:
     Raises
     ------
     pydantic.ValidationError
-        If ``backend`` is not one of the names above.
+        If ``backend`` is not one of the names above, ``device_memory_limit`` is
+        not bytes or a percentage, or ``admission_limit`` comes without it.
     """
     from prefect_cudf_polars.blocks import CudfPolarsEngine
 
-    return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback).save(name, overwrite=True))
+    fields = {"device_memory_limit": device_memory_limit, "admission_limit": admission_limit}
+    if admission_timeout is not None:
+        fields["admission_timeout"] = admission_timeout
+    return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback, **fields).save(name, overwrite=True))
 
 
-def deploy_commands(*, engine_block: str, backend: str, pool: str,
-                    cpu_fallback: bool = False) -> list[list[str]]:
+def set_admission_limit(name: str, slots: int) -> None:
     """
-    The commands ``deploy`` runs, in order, as the README writes them.
+    Create the global concurrency limit ``name`` with ``slots`` slots, or set an existing one's size to ``slots``.
+
+    Its slots are GiB of device memory: give one per GiB of the smallest GPU's
+    memory that the flow runs admitted by it share. The slots in use are kept.
+
+    Raises
+    ------
+    prefect.exceptions.PrefectHTTPStatusError
+        If the API refuses it (a bad name, or ``slots`` below 0).
+    """
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(name, slots)
+
+
+def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback: bool = False,
+                    device_memory_limit: str | None = None, admission_limit: str | None = None,
+                    gpu_memory_gib: int | None = None) -> list[list[str]]:
+    """
+    The commands ``deploy`` runs, in order, as the README (and ``docs/admission.md``) write them.
+
+    Without ``admission_limit``: register the block type, save the engine block,
+    create the process work pool, set its concurrency limit to 1 (one flow run
+    at a time per GPU machine), deploy. With it: the engine block also gets
+    ``device_memory_limit`` and ``admission_limit``, the global concurrency
+    limit is created or resized to ``gpu_memory_gib`` slots, and the work pool's
+    concurrency limit is cleared (flow runs share the GPU by bytes instead).
+
+    Parameters
+    ----------
+    engine_block, backend, pool, cpu_fallback
+        As for :func:`deploy`.
+    device_memory_limit : str, optional
+        The engine block's ``device_memory_limit`` as typed: bytes or ``"40%"``.
+    admission_limit : str, optional
+        The global concurrency limit's name.
+    gpu_memory_gib : int, optional
+        Its slots: GiB of the GPU's memory (needed with ``admission_limit``).
 
     Returns
     -------
     list of list of str
         Each starts with ``prefect`` or ``prefect-cudf-polars``; :func:`to_argv`
         turns one into the argument list this Python runs.
+
+    Raises
+    ------
+    ValueError
+        ``admission_limit`` without ``device_memory_limit`` or ``gpu_memory_gib``.
     """
+    if admission_limit is not None and (device_memory_limit is None or gpu_memory_gib is None):
+        raise ValueError("admission_limit needs device_memory_limit and gpu_memory_gib")
+    save = ["prefect-cudf-polars", "save-engine", engine_block, "--backend", backend]
+    save += ["--cpu-fallback"] if cpu_fallback else []
+    save += ["--device-memory-limit", device_memory_limit] if device_memory_limit is not None else []
+    save += ["--admission-limit", admission_limit] if admission_limit is not None else []
+    if admission_limit is None:
+        sharing = [["prefect", "work-pool", "set-concurrency-limit", pool, "1"]]
+    else:
+        sharing = [["prefect-cudf-polars", "admission-limit", admission_limit, "--slots", str(gpu_memory_gib)],
+                   ["prefect", "work-pool", "clear-concurrency-limit", pool]]
     return [
         ["prefect", "block", "register", "-m", "prefect_cudf_polars.blocks"],
-        ["prefect-cudf-polars", "save-engine", engine_block, "--backend", backend]
-        + (["--cpu-fallback"] if cpu_fallback else []),
+        save,
         ["prefect", "work-pool", "create", pool, "--type", "process", "--overwrite"],
-        ["prefect", "work-pool", "set-concurrency-limit", pool, "1"],
+        *sharing,
         ["prefect", "--no-prompt", "deploy", "--all"],
     ]
 
@@ -103,19 +185,28 @@ def to_argv(command: list[str]) -> list[str]:
 
 
 def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
-           project_dir: str | Path = ".", cpu_fallback: bool = False) -> None:
+           project_dir: str | Path = ".", cpu_fallback: bool = False, device_memory_limit: str | None = None,
+           admission_limit: str | None = None, gpu_memory_gib: int | None = None) -> None:
     """
-    Register the block type, save the engine block, create the pool, deploy every flow.
+    Register the block type, save the engine block, create the pool (and the admission limit), deploy every flow.
 
     Parameters
     ----------
     engine_block, backend, cpu_fallback
         The engine block to save (see :func:`save_engine`).
     pool
-        The process work pool (created or overwritten, concurrency limit 1: one
-        flow run at a time per GPU machine). It must match ``prefect.yaml``.
+        The process work pool (created or overwritten). It must match
+        ``prefect.yaml``. Without admission its concurrency limit is 1: one
+        flow run at a time per GPU machine; with admission it has none.
     project_dir
         Folder holding ``prefect.yaml`` (the checkout's root).
+    device_memory_limit
+        The engine block's ``device_memory_limit`` (bytes or ``"40%"``), per flow run.
+    admission_limit
+        The global concurrency limit flow runs occupy their GiB of (see
+        :func:`deploy_commands`); needs ``device_memory_limit`` and ``gpu_memory_gib``.
+    gpu_memory_gib
+        The limit's slots: GiB of the GPU's memory.
 
     Raises
     ------
@@ -133,8 +224,9 @@ def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", p
             "worker can reach. Start a server (`prefect server start`) and point at it: "
             "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`."
         )
-    for command in deploy_commands(engine_block=engine_block, backend=backend, pool=pool,
-                                   cpu_fallback=cpu_fallback):
+    for command in deploy_commands(engine_block=engine_block, backend=backend, pool=pool, cpu_fallback=cpu_fallback,
+                                   device_memory_limit=device_memory_limit, admission_limit=admission_limit,
+                                   gpu_memory_gib=gpu_memory_gib):
         shown = shlex.join(command)
         print(f"$ {shown}", flush=True)
         # prefect.yaml's pull step names "{{ $PWD }}": the checkout's root.
@@ -156,6 +248,7 @@ server find it); deploy refuses to run: a worker cannot reach that API.
 examples:
   prefect-cudf-polars save-engine gpu --backend spmd
   prefect-cudf-polars deploy --engine-block gpu --backend spmd
+  prefect-cudf-polars deploy --admission-limit gpu-memory --device-memory-limit 40%
 """
 BACKENDS = ["auto", "spmd", "dask", "ray", "cpu"]
 BACKEND_HELP = (
@@ -165,6 +258,16 @@ BACKEND_HELP = (
     "no GPU (default: %(default)s)"
 )
 CPU_FALLBACK_HELP = "with no usable GPU, warn and use the cpu backend instead of failing"
+DEVICE_MEMORY_LIMIT_HELP = (
+    "device memory each flow run's engine may use: bytes (40000000000) or a percentage of the "
+    "GPU's memory (40%%); its slots of the admission limit are this in GiB, rounded up "
+    "(default: the whole GPU)"
+)
+ADMISSION_LIMIT_HELP = (
+    "Prefect global concurrency limit whose slots are GiB of device memory: each flow run "
+    "occupies its device memory limit's GiB while its engine runs (needs --device-memory-limit; "
+    "default: no admission)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,12 +281,25 @@ def build_parser() -> argparse.ArgumentParser:
         "name. Flows load it with CudfPolarsEngine.load(NAME).",
     )
     save.add_argument("name", metavar="NAME", help="the block's name, e.g. gpu")
+    limit = sub.add_parser(
+        "admission-limit", help="create or resize the global concurrency limit of GiB of device memory",
+        description="Create the Prefect global concurrency limit NAME with N slots, or set an existing "
+        "one's size to N (the slots in use are kept). Its slots are GiB of device memory: give one per "
+        "GiB of the GPU's memory.",
+    )
+    limit.add_argument("name", metavar="NAME", help="the limit's name, e.g. gpu-memory")
+    limit.add_argument("--slots", type=int, required=True, metavar="N",
+                       help="its size: GiB of the smallest GPU's memory the flow runs share, e.g. 80")
     dep = sub.add_parser(
         "deploy", help="register the block type, save the engine block, create the work pool, deploy",
         description="Run, printing each one: prefect block register -m "
         "prefect_cudf_polars.blocks; prefect-cudf-polars save-engine; prefect work-pool "
         "create (process type) and set-concurrency-limit 1; prefect --no-prompt deploy "
-        "--all. Every step can be repeated.",
+        "--all. With --admission-limit, flow runs share the GPU by bytes instead: the "
+        "engine block gets the device memory limit and the admission limit, "
+        "prefect-cudf-polars admission-limit creates or resizes the global concurrency limit "
+        "to the GPU's GiB, and the work pool's concurrency limit is cleared. Every step can "
+        "be repeated.",
     )
     dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK, metavar="NAME",
                      help="name of the engine block to save; prefect.yaml's deployment loads "
@@ -192,24 +308,88 @@ def build_parser() -> argparse.ArgumentParser:
     for command, backend in ((save, "auto"), (dep, "spmd")):
         command.add_argument("--backend", default=backend, choices=BACKENDS, help=BACKEND_HELP)
         command.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
+        command.add_argument("--device-memory-limit", metavar="BYTES|PCT%", help=DEVICE_MEMORY_LIMIT_HELP)
+        command.add_argument("--admission-limit", metavar="NAME", help=ADMISSION_LIMIT_HELP)
+    save.add_argument("--admission-timeout", type=float, metavar="SECONDS",
+                      help="seconds a flow run waits for its admission slots before it fails (default: 3600)")
+    dep.add_argument("--gpu-memory-gib", type=int, metavar="N",
+                     help="slots of the admission limit: GiB of the GPU's memory (default: read from the "
+                     "smallest GPU here; needed on a machine without one)")
     dep.add_argument("--pool", default=DEFAULT_POOL,
-                     help="process work pool to create or overwrite, with a concurrency limit of 1; "
-                     "it must match prefect.yaml (default: %(default)s)")
+                     help="process work pool to create or overwrite, with a concurrency limit of 1 (none "
+                     "with --admission-limit); it must match prefect.yaml (default: %(default)s)")
     dep.add_argument("--project-dir", default=".", metavar="DIR",
                      help="folder holding prefect.yaml, the checkout's root (default: the current folder)")
+    parser.set_defaults(commands={"save-engine": save, "admission-limit": limit, "deploy": dep})
     return parser
+
+
+def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """
+    Refuse, with argparse's one-line error (exit status 2), engine block arguments the block would refuse.
+
+    For ``deploy`` with ``--admission-limit``, also fill in ``args.gpu_memory_gib``
+    from the smallest GPU here (whole GiB, rounded down) when it was not given.
+    """
+    from pydantic import ValidationError
+
+    from prefect_cudf_polars.blocks import CudfPolarsEngine
+
+    try:
+        limit = memory_limit_value(args.device_memory_limit)
+    except ValueError:
+        parser.error(f"--device-memory-limit {args.device_memory_limit}: give bytes (40000000000) or a "
+                     "percentage of the GPU's memory (40%)")
+    if args.admission_limit is not None and limit is None:
+        parser.error("--admission-limit needs --device-memory-limit: a flow run occupies that limit's GiB "
+                     "(e.g. --device-memory-limit 40%)")
+    timeout = getattr(args, "admission_timeout", None)
+    try:
+        CudfPolarsEngine(backend=args.backend, device_memory_limit=limit, admission_limit=args.admission_limit,
+                         **({"admission_timeout": timeout} if timeout is not None else {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"] if not str(part).startswith(("int", "constrained")))
+        parser.error(f"{where or 'engine block'}: {first['msg'].removeprefix('Value error, ')}")
+    if args.command != "deploy" or args.admission_limit is None:
+        return
+    if args.gpu_memory_gib is None:
+        from prefect_cudf_polars.blocks.backends.probe import gpu_memory_bytes
+
+        found = gpu_memory_bytes()
+        if found is None:
+            parser.error("--admission-limit needs --gpu-memory-gib N (the GPU's memory in GiB, the limit's "
+                         "slots): no GPU is visible here to read it from")
+        args.gpu_memory_gib = found // GIB
+    if args.gpu_memory_gib < 1:
+        parser.error(f"--gpu-memory-gib {args.gpu_memory_gib}: give the GPU's memory in whole GiB (1 or more)")
+    if isinstance(limit, int) and math.ceil(limit / GIB) > args.gpu_memory_gib:
+        parser.error(f"--device-memory-limit {limit} is {math.ceil(limit / GIB)} GiB, more than the "
+                     f"{args.gpu_memory_gib} GiB of --gpu-memory-gib: no flow run would ever be admitted")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-cudf-polars`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    parser = args.commands[args.command]  # its errors show the command's usage
+    if args.command in ("save-engine", "deploy"):
+        check_engine_arguments(parser, args)
     try:
         if args.command == "save-engine":
-            block_id = save_engine(args.name, backend=args.backend, cpu_fallback=args.cpu_fallback)
+            block_id = save_engine(args.name, backend=args.backend, cpu_fallback=args.cpu_fallback,
+                                   device_memory_limit=memory_limit_value(args.device_memory_limit),
+                                   admission_limit=args.admission_limit, admission_timeout=args.admission_timeout)
             print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
+        elif args.command == "admission-limit":
+            if args.slots < 1:
+                parser.error(f"--slots {args.slots}: give the GPU's memory in whole GiB (1 or more)")
+            set_admission_limit(args.name, args.slots)
+            print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
         else:
             deploy(engine_block=args.engine_block, backend=args.backend, pool=args.pool,
-                   project_dir=args.project_dir, cpu_fallback=args.cpu_fallback)
+                   project_dir=args.project_dir, cpu_fallback=args.cpu_fallback,
+                   device_memory_limit=args.device_memory_limit, admission_limit=args.admission_limit,
+                   gpu_memory_gib=args.gpu_memory_gib)
     except DeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -45,6 +45,102 @@ def test_deploy_commands_are_the_readme_commands():
         assert " ".join(command) in readme, command
 
 
+def test_deploy_commands_with_admission_are_the_admission_guides_and_leave_the_pool_unlimited():
+    guide = (ROOT / "docs" / "admission.md").read_text()
+    commands = cli.deploy_commands(engine_block="gpu", backend="spmd", pool="gpu-pool", device_memory_limit="40%",
+                                   admission_limit="gpu-memory", gpu_memory_gib=140)
+    for command in commands:
+        assert " ".join(command) in guide, command
+    shown = [" ".join(c) for c in commands]
+    assert "prefect-cudf-polars save-engine gpu --backend spmd --device-memory-limit 40% --admission-limit gpu-memory" in shown
+    assert "prefect-cudf-polars admission-limit gpu-memory --slots 140" in shown
+    assert "prefect work-pool clear-concurrency-limit gpu-pool" in shown
+    assert not [c for c in shown if "set-concurrency-limit" in c]
+
+
+def test_save_engine_saves_the_device_memory_limit_and_the_admission_fields(capsys):
+    assert cli.main(["save-engine", "cli-admitted", "--backend", "cpu", "--device-memory-limit", "40%",
+                     "--admission-limit", "gpu-memory", "--admission-timeout", "90"]) == 0
+    block = CudfPolarsEngine.load("cli-admitted")
+    assert (block.device_memory_limit, block.admission_limit, block.admission_timeout) == ("40%", "gpu-memory", 90.0)
+    assert cli.main(["save-engine", "cli-admitted", "--backend", "cpu", "--device-memory-limit", str(8 << 30)]) == 0
+    block = CudfPolarsEngine.load("cli-admitted")
+    assert (block.device_memory_limit, block.admission_limit) == (8 << 30, None)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["save-engine", "x", "--admission-limit", "gpu-memory"], "--admission-limit needs --device-memory-limit"),
+    (["save-engine", "x", "--device-memory-limit", "120%"], "device_memory_limit: device_memory_limit='120%'"),
+    (["save-engine", "x", "--device-memory-limit", "lots"], "give bytes (40000000000) or a percentage"),
+    (["deploy", "--admission-limit", "gpu-memory"], "--admission-limit needs --device-memory-limit"),
+    (["deploy", "--admission-limit", "gpu-memory", "--device-memory-limit", "40%"],
+     "--admission-limit needs --gpu-memory-gib N (the GPU's memory in GiB, the limit's slots): no GPU is visible"),
+    (["deploy", "--admission-limit", "gpu-memory", "--device-memory-limit", str(90 << 30), "--gpu-memory-gib", "80"],
+     "is 90 GiB, more than the 80 GiB of --gpu-memory-gib"),
+    (["admission-limit", "gpu-memory", "--slots", "0"], "--slots 0: give the GPU's memory in whole GiB"),
+])
+def test_admission_arguments_the_engine_would_refuse_are_one_line_usage_errors(args, message, capsys, monkeypatch):
+    from prefect_cudf_polars.blocks.backends import probe
+
+    monkeypatch.setattr(probe, "gpu_memory_bytes", lambda: None)  # as on a machine without a GPU
+    with pytest.raises(SystemExit, match="^2$"):
+        cli.main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"prefect-cudf-polars {args[0]}: error: ") and message in err[-1], err
+
+
+def test_the_gpu_memory_is_read_from_the_gpu_in_whole_gib_when_not_given(monkeypatch):
+    from prefect_cudf_polars.blocks.backends import probe
+
+    monkeypatch.setattr(probe, "gpu_memory_bytes", lambda: 150_121_545_728)  # an H200: 139.8 GiB
+    ran = {}
+    monkeypatch.setattr(cli, "deploy", lambda **kwargs: ran.update(kwargs))
+    assert cli.main(["deploy", "--admission-limit", "gpu-memory", "--device-memory-limit", "40%"]) == 0
+    assert ran["gpu_memory_gib"] == 139 and ran["admission_limit"] == "gpu-memory"
+
+
+def test_admission_limit_creates_the_global_concurrency_limit_then_resizes_it(capsys):
+    import uuid
+
+    from prefect.client.orchestration import get_client
+
+    name = f"cli-gpu-memory-{uuid.uuid4().hex[:8]}"
+    assert cli.main(["admission-limit", name, "--slots", "80"]) == 0
+    assert cli.main(["admission-limit", name, "--slots", "140"]) == 0  # repeated: resized, not refused
+    assert f"Global concurrency limit {name!r}: 140 slot(s)" in capsys.readouterr().out
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+    assert (limit.limit, limit.active, limit.active_slots) == (140, True, 0)
+
+
+@pytest.mark.timeout(600)
+def test_deploy_with_admission_saves_the_block_sizes_the_limit_and_clears_the_pools_limit(monkeypatch, capsys):
+    """The whole deploy, its commands as subprocesses, against the tests' local API."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.settings import PREFECT_API_URL
+
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # the commands' subprocesses use this API
+    name = f"cli-deploy-gpu-memory-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:  # as a deploy without admission left it
+        client.create_work_pool(WorkPoolCreate(name=cli.DEFAULT_POOL, type="process", concurrency_limit=1),
+                                overwrite=True)
+    assert cli.main(["deploy", "--backend", "cpu", "--engine-block", "cli-deployed", "--admission-limit", name,
+                     "--device-memory-limit", str(20 << 30), "--gpu-memory-gib", "80",
+                     "--project-dir", str(ROOT)]) == 0
+    shown = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert f"prefect-cudf-polars admission-limit {name} --slots 80" in shown
+    block = CudfPolarsEngine.load("cli-deployed")
+    assert (block.device_memory_limit, block.admission_limit) == (20 << 30, name)
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(name).limit == 80
+        assert client.read_work_pool(cli.DEFAULT_POOL).concurrency_limit is None
+        assert client.read_deployment_by_name("flight-delay-report/daily-flight-delay-report").work_pool_name == (
+            cli.DEFAULT_POOL)
+
+
 @pytest.mark.parametrize("bad", ["gpu-x", "GPU"])
 def test_save_engine_rejects_an_unknown_backend(bad, capsys):
     with pytest.raises(SystemExit, match="^2$"):
@@ -75,15 +171,18 @@ def _arguments(help_text: str) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("command", ["save-engine", "deploy"])
+@pytest.mark.parametrize("command", ["save-engine", "admission-limit", "deploy"])
 def test_help_is_plain_text_and_explains_every_argument(command, capsys):
     top = _help_of(capsys)
     assert command in top
     text = _help_of(capsys, command)
     arguments = _arguments(text)
     expected = {
-        "save-engine": ["NAME", "--backend", "--cpu-fallback"],
-        "deploy": ["--engine-block", "--backend", "--cpu-fallback", "--pool", "--project-dir"],
+        "save-engine": ["NAME", "--backend", "--cpu-fallback", "--device-memory-limit", "--admission-limit",
+                        "--admission-timeout"],
+        "admission-limit": ["NAME", "--slots"],
+        "deploy": ["--engine-block", "--backend", "--cpu-fallback", "--device-memory-limit", "--admission-limit",
+                   "--gpu-memory-gib", "--pool", "--project-dir"],
     }[command]
     for name in expected:
         [entry] = [k for k in arguments if k.split()[0] == name]
