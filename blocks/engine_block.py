@@ -183,7 +183,7 @@ class CudfPolarsEngine(Block):
         down (needs ``device_memory_limit``). ``None`` (default): no admission.
     admission_timeout : float
         Seconds a session waits for its slots (default 3600); then its first
-        GPU task run fails with :class:`~prefect_cudf_polars.blocks.SessionError`.
+        GPU task run fails with :class:`~prefect_cudf_polars.blocks.AdmissionError`.
     result_artifacts : bool
         One markdown artifact per result on the task run that produced it (its
         plan, schema, rows, bytes, where it lives). Default False: each is a

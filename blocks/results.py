@@ -404,14 +404,8 @@ class GPUResult:
         return self._frame
 
     def hand_over(self) -> PersistedResult | HeldPlan:
-        """
-        Claim the result without reading it, and give up what it holds (for ``tee``'s first copy).
-
-        Raises
-        ------
-        ResultReleasedError, ResultConsumedError
-            See :meth:`check_readable`.
-        """
+        """Claim the result without reading it, and give up what it holds (``tee``'s first copy); raises as
+        :meth:`check_readable` does (``ResultReleasedError``, ``ResultConsumedError``)."""
         return self._claim(hand_over=True)
 
     def _claim(self, *, hand_over: bool) -> PersistedResult | HeldPlan:
@@ -455,6 +449,14 @@ class GPUResult:
             self._owner.free(persisted)
         for result in held:
             result.release()
+
+    def move(self, mover: Callable[[PersistedResult], PersistedResult]) -> PersistedResult | None:
+        """While live and holding partitions, hold ``mover(persisted)`` instead and return it (a move to host memory)."""
+        with self._lock:
+            if self._state != "live" or self._persisted is None:
+                return None
+            self._persisted = mover(self._persisted)
+            return self._persisted
 
     def end(self, tombstone: EndedSession, *, drop: bool) -> None:
         """

@@ -10,12 +10,9 @@ The engine session: one flow run's scope, its results and every rule of its life
    ``TerminationSignal``): :meth:`EngineSession.close` marks every live result released and shuts
    the engine down once on its owner thread, within the block's ``teardown_timeout`` (3 s while the
    flow run is being stopped: a Prefect process worker checks every 3 s whether the run's processes
-   are gone). cudf-polars 26.10's ``shutdown`` closes every persisted partition's store; on Ray the
-   results are released first (a release after the shutdown would start a new local Ray). Every
-   handle then lets go of what it held, so the engine and its memory resource are freed by reference
-   counting by the time ``close`` returns. Past the limit, the end line warns. The last session
-   SIGTERM ends, on an engine of its own, also reaps multiprocessing's resource tracker (at most
-   2 s), so nothing is left in the flow run's process group.
+   are gone). Every handle then lets go of what it held, so the engine and its memory resource are
+   freed by the time ``close`` returns (on Ray the results are released before the shutdown). The
+   last session SIGTERM ends, on an engine of its own, also reaps multiprocessing's resource tracker.
 4. **The engine opens at the first GPU call**; one that cannot start fails that task run, and every
    later GPU call of the run raises the same error.
 5. **Subflows** share the parent's engine host when their blocks are equal
@@ -52,6 +49,7 @@ from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.active import get_engine_session  # noqa: F401 (also importable from here)
 from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
+from prefect_cudf_polars.blocks.memory import HeldMemory, read_by
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
 from prefect_cudf_polars.blocks.results import (
     EndedSession, GPUResult, claimed_by, current_run, free_claimed, fused_steps, release_partitions)
@@ -77,10 +75,9 @@ class EngineSession:
     """
     One engine for one flow run: its results, their counts, its end.
 
-    Open it with :meth:`CudfPolarsEngine.session` (``with block.session():`` in
-    a flow body) or let :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner`
-    open it at the flow run's first GPU call. Tasks find it with
-    :func:`get_engine_session`.
+    Open it with :meth:`CudfPolarsEngine.session` (``with block.session():`` in a flow body) or let
+    :class:`~prefect_cudf_polars.blocks.CudfPolarsTaskRunner` open it at the flow run's first GPU call.
+    Tasks find it with :func:`get_engine_session`.
 
     Attributes
     ----------
@@ -93,13 +90,15 @@ class EngineSession:
     description : dict
         Backend, GPU names, ranks and versions (once open).
     timings : dict of str to float
-        ``engine_start_s`` and ``engine_shutdown_s``, in seconds.
+        ``engine_start_s``, ``admission_wait_s`` and ``engine_shutdown_s``, in seconds.
     fallback_warning : str or None
         Why ``cpu`` runs instead of the GPU backend asked for (said once, in the flow run's log).
     teardown : str
         ``"not started"``, ``"complete"``, or why the end stopped waiting for the engine.
     host : EngineHost or None
         The engine host it runs on once open (a subflow's session may share its parent's).
+    held : HeldMemory
+        Its held results' budget below ``device_memory_limit``, moves to host memory, figures.
     """
 
     def __init__(self, block: CudfPolarsEngine) -> None:
@@ -119,6 +118,7 @@ class EngineSession:
         self._memory: dict[str, int | None] = {}
         self._shutdown_thread: str | None = None
         self._served, self._telemetry = active.ServedRuns(), SessionTelemetry(self.id, block.result_artifacts)
+        self.held = HeldMemory(block.spill_results, self, self._telemetry.result_moved)
 
     # ---- opening -------------------------------------------------------------
     def __enter__(self) -> EngineSession:
@@ -159,6 +159,7 @@ class EngineSession:
         try:
             at_start = self.host.at_start if self._owns_host else self.host.read()  # type: ignore[union-attr]
             self._memory["at_start"] = self._telemetry.note(at_start).memory
+            self.held.limit = self.host.memory_limit  # type: ignore[union-attr]
             self._telemetry.backend, self.state = self.backend, State.OPEN
             exits.opened(self)
             if activate:
@@ -177,9 +178,9 @@ class EngineSession:
         if self.fallback_warning and self._telemetry.flow_run is None:
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
         self.host = EngineHost.start(self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}",
-                                     ended=self.ended_message)
+                                     ended=self.ended_message, log=self._telemetry.log)
         self._owns_host, self.description = True, self.host.description
-        self.timings["engine_start_s"] = self.host.start_seconds
+        self.timings.update(engine_start_s=self.host.start_seconds, admission_wait_s=self.host.admission_seconds)
 
     def _record_run(self) -> None:
         if self._telemetry.flow_run is None and (ctx := active.flow_run_context()) is not None:
@@ -221,8 +222,12 @@ class EngineSession:
     @property
     def live_results(self) -> tuple[GPUResult, ...]:
         """Results produced here and not yet consumed or released."""
+        return tuple(self.held_results()[1])
+
+    def held_results(self) -> tuple[list[GPUResult], list[GPUResult]]:
+        """Every result of the session that may hold something, and the unread ones in the order produced."""
         with self._lock:
-            return tuple(self._live.values())
+            return list(self._all), list(self._live.values())
 
     @property
     def counts(self) -> dict[str, int]:
@@ -248,13 +253,14 @@ class EngineSession:
     def summary(self) -> dict[str, Any]:
         """What the session did: ``session_id``, ``backend``, ``gpus``, ``counts``, ``memory`` (bytes ``at_start``
         and ``at_end``: rmm statistics, or the ``cpu`` host store), ``peak_memory`` and ``peak_memory_per_rank``
-        (bytes), ``engine_calls``, ``timings`` (seconds), ``shutdown_thread``, ``teardown`` and ``dashboard``."""
+        (bytes), ``engine_calls``, ``timings`` (seconds), ``shutdown_thread``, ``teardown``, ``dashboard`` and
+        ``held`` (:meth:`HeldMemory.summary <prefect_cudf_polars.blocks.memory.HeldMemory.summary>`)."""
         return {
             "session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
             "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
             "peak_memory_per_rank": dict(self._telemetry.peak_per_rank), "engine_calls": self._engine_calls,
             "timings": dict(self.timings), "shutdown_thread": self._shutdown_thread, "teardown": self.teardown,
-            "dashboard": self.description.get("dashboard")}
+            "dashboard": self.description.get("dashboard"), "held": self.held.summary()}
 
     def __repr__(self) -> str:
         return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live={len(self._live)})"
@@ -296,8 +302,7 @@ class EngineSession:
         """
         Run ``lf`` on the engine and return a live :class:`GPUResult`; the data stays on the engine.
 
-        A caller that stops waiting (a task timeout) leaves the call running;
-        what it produces is then released at once.
+        A caller that stops waiting (a task timeout) leaves the call running; its result is released at once.
 
         Parameters
         ----------
@@ -311,14 +316,12 @@ class EngineSession:
             what they still hold is freed in the same hand-off, success or
             failure; claimed deferred ones are listed as fused into the result.
         environment : mapping of str to (str or None), optional
-            Set in this process and on every rank for the engine call alone,
-            its planning included (object-store credentials; ``None`` unsets a
-            variable).
+            Set in this process and on every rank for the engine call alone, its planning included
+            (object-store credentials; ``None`` unsets a variable).
 
         Returns
         -------
         GPUResult
-            Live, in ``"live"`` state.
 
         Raises
         ------
@@ -329,7 +332,8 @@ class EngineSession:
         ResultConsumedError
             The query reads a result a second time (cudf-polars' error, translated).
         DeviceMemoryError
-            The engine ran out of device memory (the message names the block fields that help).
+            The engine ran out of device memory (the message names the block fields that help), or the results
+            the call does not read leave no room below ``device_memory_limit`` (:mod:`~prefect_cudf_polars.blocks.memory`).
         SessionError
             The session has ended.
         """
@@ -361,10 +365,6 @@ class EngineSession:
         inputs, environment
             As for :meth:`execute`.
 
-        Returns
-        -------
-        polars.DataFrame
-
         Raises
         ------
         ResultReleasedError, ResultConsumedError, WrongEngineError
@@ -381,6 +381,7 @@ class EngineSession:
         """Check the plan and run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
         host = self._check_open()
         claimed = claimed_by(inputs, run)
+        self.held.make_room(read_by(claimed))
         fused = fused_steps(claimed)
         prepared = partial(prepare_result, optimized=kind == "execute" and self.block.result_artifacts)
         planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed
@@ -472,6 +473,7 @@ class EngineSession:
             result.release()
             raise SessionError(self.ended_message())
         self._telemetry.result_created(result, plan, memory, engine_plan, reads)
+        self.held.note_held()
         return result
 
     # ---- what results ask of their session (ResultOwner) ---------------------------
@@ -507,25 +509,18 @@ class EngineSession:
         """
         End the session (idempotent) and return its :meth:`summary`.
 
-        A ``with block.session():`` first waits for the GPU task runs submitted
-        inside it; then every live result is marked released and the engine
-        shut down as the owner thread's last call; a session on a shared engine
-        releases only its own results there. Each wait is at most the block's
-        ``teardown_timeout`` (seconds), 3 s when ``terminating`` (SIGTERM, a
-        cancellation); past it, the calls still queued for the engine fail with
-        ``SessionError``. A failed teardown is in ``teardown``; one that is
-        interrupted (``KeyboardInterrupt``, a cancellation) queues the engine's
-        end on its owner thread without waiting, then raises what interrupted it.
+        A ``with block.session():`` first waits for the GPU task runs submitted inside it; then every live
+        result is marked released and the engine shut down as the owner thread's last call; a session on a
+        shared engine releases only its own results there. Each wait is at most the block's
+        ``teardown_timeout`` (seconds), 3 s when ``terminating`` (SIGTERM, a cancellation); past it, the calls
+        still queued for the engine fail with ``SessionError``. A failed teardown is in ``teardown``; one that
+        is interrupted (``KeyboardInterrupt``, a cancellation) queues the engine's end on its owner thread
+        without waiting, then raises what interrupted it.
 
         Parameters
         ----------
         terminating : bool
             The flow run is being stopped.
-
-        Returns
-        -------
-        dict
-            :meth:`summary`.
         """
         with self._lock:
             if self._closing or self.state is State.NEW:

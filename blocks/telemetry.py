@@ -20,6 +20,10 @@ Event names (resource ``prefect-cudf-polars.engine-session.<id>`` or
     (backend, ranks, partitions), schema, rows, bytes, the engine call's
     seconds, the memory in use after it, the query's logical plan, and the
     deferred steps fused into that call.
+``prefect_cudf_polars.result.moved``
+    A result moved to host memory (``to: "host"``) to make room below the
+    block's ``device_memory_limit``, or back to the engine when read
+    (``to: "engine"``): its bytes and the move's seconds.
 ``prefect_cudf_polars.result.consumed`` / ``.result.released``
     Claimed by its one reader (the producing task run related as
     ``producer``; a deferred result lists the steps its plan holds, which its
@@ -57,6 +61,7 @@ ENGINE_STOPPED = "prefect_cudf_polars.engine.stopped"
 RESULT_CREATED = "prefect_cudf_polars.result.created"
 RESULT_CONSUMED = "prefect_cudf_polars.result.consumed"
 RESULT_RELEASED = "prefect_cudf_polars.result.released"
+RESULT_MOVED = "prefect_cudf_polars.result.moved"
 
 #: Most characters of a plan in an event or an artifact.
 PLAN_LIMIT = 8_000
@@ -323,6 +328,14 @@ class SessionTelemetry:
             "name": result.name, "unconsumed": True, "at_session_end": at_session_end,
         }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
 
+    def result_moved(self, result: Any, way: str, seconds: float) -> None:
+        """A result moved to host memory (``way="out"``) or back to the engine (``"back"``): ``result.moved``."""
+        row = self._results.get(result.id, {})
+        row["moved"] = f"{row.get('moved', '')}{'out' if way == 'out' else ', back'} {seconds:.3f} s"
+        self._emit(RESULT_MOVED, result_resource(result), {
+            "name": result.name, "to": "host" if way == "out" else "engine", "bytes": result.bytes, "seconds": seconds,
+        }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
+
     def late_result_released(self, name: str, task_run_id: Any) -> None:
         """A result arrived after its task run stopped waiting (a timeout) and was released at once."""
         resource = {"prefect.resource.id": f"prefect-cudf-polars.result.late.{task_run_id}", "prefect.resource.name": name}
@@ -341,6 +354,13 @@ class SessionTelemetry:
             memory.get("at_start"), summary["peak_memory"], memory.get("at_end"),
             timings.get("engine_start_s", 0.0), timings.get("engine_shutdown_s", 0.0), summary["shutdown_thread"],
         )
+        if (held := summary["held"])["limit"] is not None:
+            spills = held["spills"]
+            self.log(logging.INFO, "cudf-polars held memory: device_memory_limit %s bytes, peak held %s bytes; "
+                     "spill_results=%s: %d result(s) moved to host memory (%s bytes, %.3f s out), %d read back "
+                     "(%.3f s back)", f"{held['limit']:,}", f"{held['peak_held']:,}", held["spill_results"],
+                     spills["results"], f"{spills['bytes']:,}", spills["out_seconds"], spills["back"],
+                     spills["back_seconds"])
         if (unread := self._unread) and not self.muted:  # muted: the interpreter-exit hook has warned
             more = f" and {len(unread) - UNREAD_NAMED} more" if len(unread) > UNREAD_NAMED else ""
             self.log(logging.WARNING, UNREAD_WARNING, len(unread), ", ".join(unread[:UNREAD_NAMED]) + more)
@@ -373,17 +393,24 @@ class SessionTelemetry:
              else "device memory rmm has allocated (rmm statistics)"),
             ("engine start", f"{summary['timings'].get('engine_start_s', 0.0):.2f} s"),
             ("engine shutdown", f"{summary['timings'].get('engine_shutdown_s', 0.0):.2f} s"),
+            ("device memory limit", format_bytes(held["limit"]) if (held := summary["held"])["limit"] else "none"),
+            ("peak held by results", format_bytes(held["peak_held"])), ("spill_results", held["spill_results"]),
+            ("moved to host memory", f"{held['spills']['results']} result(s), {format_bytes(held['spills']['bytes'])}, "
+             f"{held['spills']['out_seconds']:.3f} s out; {held['spills']['back']} read back, "
+             f"{held['spills']['back_seconds']:.3f} s back"),
+            ("admission wait", f"{summary['timings'].get('admission_wait_s', 0.0):.2f} s"),
             ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),
             ("session id", f"`{summary['session_id']}`"),
         ]
         results = [
             (f"`{r['name']}`", r["produced_by"], r["state"], "deferred" if r["deferred"] else r["rows"],
              format_bytes(r["bytes"]) if r["bytes"] is not None else "", r["partitions"],
-             f"{r['engine_seconds']:.3f}") for r in self._results.values()
+             f"{r['engine_seconds']:.3f}", r.get("moved", "")) for r in self._results.values()
         ]
         markdown = (
             f"### cudf-polars engine session summary\n\n{_table(rows)}\n#### Results ({len(results) + self._unlisted})\n\n"
-            + _table(results, ("result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s"))
+            + _table(results, ("result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s",
+                                "host memory"))
             + (f"\n... and {self._unlisted} more (each in its `result.created` event)\n" if self._unlisted else "")
         )
         description = (f"cudf-polars engine session ({summary['backend']}): results produced {counts['produced']}, "

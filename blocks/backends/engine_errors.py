@@ -42,8 +42,9 @@ _OUT_OF_MEMORY = ("out_of_memory", "std::bad_alloc", "out of memory")
 
 DEVICE_MEMORY_MESSAGE = (
     "The engine ran out of device memory running this query; its claimed inputs were freed and the engine "
-    'session stays usable. On the CudfPolarsEngine block: lower `spill_device_limit` (e.g. "60%") so rapidsmpf '
-    "spills to host memory earlier; lower `target_partition_size` (bytes) for a lower peak; or use "
+    "session stays usable. On the CudfPolarsEngine block: raise `device_memory_limit` where one is set, or set "
+    '`spill_results="host"` so held results move to host memory; lower `spill_device_limit` (e.g. "60%") so '
+    "rapidsmpf spills to host memory earlier; lower `target_partition_size` (bytes) for a lower peak; or use "
     '`device_memory_resource="managed"` (unified memory, can exceed GPU memory). Or release results you no '
     "longer need (`result.release()`). cudf-polars said: {hint}"
 )
