@@ -191,15 +191,17 @@ class HeldMemory:
 
     def note_held(self) -> None:
         """After an engine call: with ``spill="host"``, move results until the held fit the budget; keep the peak."""
+        if self.limit is None:
+            return
         if self.spill == "host":
-            self.make_room(set(), refuse=False)
+            self.make_room((), refuse=False)
         total = sum(map(on_engine, self._session.held_results()[0]))
         with self._lock:
             self.peak_held = max(self.peak_held, total)
 
-    def make_room(self, read: set[str], *, refuse: bool = True) -> None:
+    def make_room(self, claimed: Iterable[GPUResult], *, refuse: bool = True) -> None:
         """
-        Before an engine call that reads the results ``read`` (ids, :func:`read_by`): keep the others within budget.
+        Before an engine call that reads the results ``claimed`` (and what they hold): keep the others within budget.
 
         ``refuse=False`` (after a call) moves what it can and raises nothing when that is not enough.
 
@@ -213,7 +215,7 @@ class HeldMemory:
         """
         if self.limit is None:
             return
-        held, live = self._session.held_results()
+        read, (held, live) = read_by(claimed), self._session.held_results()
         largest = max(((r.bytes or 0) // max(r.partitions, 1) for r in held if r.persisted is not None), default=0)
         budget = held_budget(self.limit, largest)
         others = [r for r in held if r.id not in read and on_engine(r)]
@@ -249,7 +251,7 @@ class HeldMemory:
 
     def _put_back(self, result: GPUResult, frame: pl.DataFrame) -> PersistedResult:
         """A claimed result in host memory goes back to the engine, room made for it first."""
-        self.make_room({result.id})
+        self.make_room((result,))
         running, started = self._session.running_engine, time.perf_counter()
         try:
             back = self._session.run(lambda: running.execute(frame.lazy(), pl.QueryOptFlags()))

@@ -49,7 +49,7 @@ from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.active import get_engine_session  # noqa: F401 (also importable from here)
 from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
-from prefect_cudf_polars.blocks.memory import HeldMemory, read_by
+from prefect_cudf_polars.blocks.memory import HeldMemory
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
 from prefect_cudf_polars.blocks.results import (
     EndedSession, GPUResult, claimed_by, current_run, free_claimed, fused_steps, release_partitions)
@@ -381,7 +381,7 @@ class EngineSession:
         """Check the plan and run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
         host = self._check_open()
         claimed = claimed_by(inputs, run)
-        self.held.make_room(read_by(claimed))
+        self.held.make_room(claimed)
         fused = fused_steps(claimed)
         prepared = partial(prepare_result, optimized=kind == "execute" and self.block.result_artifacts)
         planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed
