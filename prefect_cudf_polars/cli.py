@@ -8,7 +8,8 @@ Commands
     saves a block with field values).
 ``prefect-cudf-polars admission-limit NAME --slots N``
     Create the Prefect global concurrency limit ``NAME`` with ``N`` slots (GiB of
-    device memory), or set an existing one's size to ``N``.
+    device memory), or set an existing one's size to ``N``; either way it is
+    active and its slots do not decay.
 ``prefect-cudf-polars deploy [--engine-block gpu] [--backend spmd] [--pool gpu-pool] [--admission-limit NAME --device-memory-limit 40%]``
     Run, in order and printing each one, the commands of the README's "Deploy"
     section: register the block type, save the engine block, create the process
@@ -28,7 +29,6 @@ run without one.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import subprocess
@@ -40,8 +40,6 @@ from pathlib import Path
 DEFAULT_POOL = "gpu-pool"
 #: The engine block name the project's prefect.yaml passes to the main job.
 DEFAULT_ENGINE_BLOCK = "gpu"
-#: Bytes per admission slot: one slot of the global concurrency limit is one GiB of device memory.
-GIB = 2**30
 
 
 class DeployError(RuntimeError):
@@ -110,7 +108,10 @@ def set_admission_limit(name: str, slots: int) -> None:
     Create the global concurrency limit ``name`` with ``slots`` slots, or set an existing one's size to ``slots``.
 
     Its slots are GiB of device memory: give one per GiB of the smallest GPU's
-    memory that the flow runs admitted by it share. The slots in use are kept.
+    memory that the flow runs admitted by it share (:func:`gpu_memory_slots`).
+    The slots in use are kept. Either way the limit is active and its slots do
+    not decay (``slot_decay_per_second=0``): a slot is given back only when the
+    engine that occupied it has shut down.
 
     Raises
     ------
@@ -118,9 +119,31 @@ def set_admission_limit(name: str, slots: int) -> None:
         If the API refuses it (a bad name, or ``slots`` below 0).
     """
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+    from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
-        client.upsert_global_concurrency_limit_by_name(name, slots)
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            client.create_global_concurrency_limit(
+                GlobalConcurrencyLimitCreate(name=name, limit=slots, active=True, slot_decay_per_second=0.0))
+        else:
+            client.update_global_concurrency_limit(
+                name, GlobalConcurrencyLimitUpdate(limit=slots, active=True, slot_decay_per_second=0.0))
+
+
+def gpu_memory_slots(gpu_memory_bytes: int) -> int:
+    """
+    The admission limit's slots for a GPU of ``gpu_memory_bytes`` bytes: its GiB, rounded up.
+
+    The same rule as a session's slots (:func:`~prefect_cudf_polars.blocks.admission.slots_for`),
+    so N flow runs of ``100/N`` % of this GPU fit in it together: an H200's
+    139.8 GiB give 140 slots, and each of two 50 % runs occupies 70.
+    """
+    from prefect_cudf_polars.blocks.admission import slots_for
+
+    return slots_for(gpu_memory_bytes)
 
 
 def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback: bool = False,
@@ -284,8 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     limit = sub.add_parser(
         "admission-limit", help="create or resize the global concurrency limit of GiB of device memory",
         description="Create the Prefect global concurrency limit NAME with N slots, or set an existing "
-        "one's size to N (the slots in use are kept). Its slots are GiB of device memory: give one per "
-        "GiB of the GPU's memory.",
+        "one's size to N (the slots in use are kept); either way it is active and its slots do not decay. "
+        "Its slots are GiB of device memory: give one per GiB of the GPU's memory, rounded up.",
     )
     limit.add_argument("name", metavar="NAME", help="the limit's name, e.g. gpu-memory")
     limit.add_argument("--slots", type=int, required=True, metavar="N",
@@ -313,8 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--admission-timeout", type=float, metavar="SECONDS",
                       help="seconds a flow run waits for its admission slots before it fails (default: 3600)")
     dep.add_argument("--gpu-memory-gib", type=int, metavar="N",
-                     help="slots of the admission limit: GiB of the GPU's memory (default: read from the "
-                     "smallest GPU here; needed on a machine without one)")
+                     help="slots of the admission limit: GiB of the GPU's memory (default: the smallest GPU "
+                     "here's memory in GiB, rounded up; needed on a machine without one)")
     dep.add_argument("--pool", default=DEFAULT_POOL,
                      help="process work pool to create or overwrite, with a concurrency limit of 1 (none "
                      "with --admission-limit); it must match prefect.yaml (default: %(default)s)")
@@ -329,11 +352,13 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     Refuse, with argparse's one-line error (exit status 2), engine block arguments the block would refuse.
 
     For ``deploy`` with ``--admission-limit``, also fill in ``args.gpu_memory_gib``
-    from the smallest GPU here (whole GiB, rounded down) when it was not given.
+    from the smallest GPU here (:func:`gpu_memory_slots`: its GiB, rounded up) when
+    it was not given.
     """
     from pydantic import ValidationError
 
     from prefect_cudf_polars.blocks import CudfPolarsEngine
+    from prefect_cudf_polars.blocks.admission import slots_for
 
     try:
         limit = memory_limit_value(args.device_memory_limit)
@@ -360,11 +385,11 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
         if found is None:
             parser.error("--admission-limit needs --gpu-memory-gib N (the GPU's memory in GiB, the limit's "
                          "slots): no GPU is visible here to read it from")
-        args.gpu_memory_gib = found // GIB
+        args.gpu_memory_gib = gpu_memory_slots(found)
     if args.gpu_memory_gib < 1:
         parser.error(f"--gpu-memory-gib {args.gpu_memory_gib}: give the GPU's memory in whole GiB (1 or more)")
-    if isinstance(limit, int) and math.ceil(limit / GIB) > args.gpu_memory_gib:
-        parser.error(f"--device-memory-limit {limit} is {math.ceil(limit / GIB)} GiB, more than the "
+    if isinstance(limit, int) and slots_for(limit) > args.gpu_memory_gib:
+        parser.error(f"--device-memory-limit {limit} is {slots_for(limit)} GiB, more than the "
                      f"{args.gpu_memory_gib} GiB of --gpu-memory-gib: no flow run would ever be admitted")
 
 

@@ -89,14 +89,29 @@ def test_admission_arguments_the_engine_would_refuse_are_one_line_usage_errors(a
     assert err[-1].startswith(f"prefect-cudf-polars {args[0]}: error: ") and message in err[-1], err
 
 
-def test_the_gpu_memory_is_read_from_the_gpu_in_whole_gib_when_not_given(monkeypatch):
+def test_the_gpu_memory_is_read_from_the_gpu_in_whole_gib_rounded_up_when_not_given(monkeypatch):
     from prefect_cudf_polars.blocks.backends import probe
 
     monkeypatch.setattr(probe, "gpu_memory_bytes", lambda: 150_121_545_728)  # an H200: 139.8 GiB
     ran = {}
     monkeypatch.setattr(cli, "deploy", lambda **kwargs: ran.update(kwargs))
     assert cli.main(["deploy", "--admission-limit", "gpu-memory", "--device-memory-limit", "40%"]) == 0
-    assert ran["gpu_memory_gib"] == 139 and ran["admission_limit"] == "gpu-memory"
+    assert ran["gpu_memory_gib"] == 140 and ran["admission_limit"] == "gpu-memory"
+
+
+@pytest.mark.parametrize(("runs", "percent", "fit"), [(2, 50, True), (4, 25, True), (5, 20, True), (10, 10, True),
+                                                       (3, 33, False), (3, 32, True)])
+def test_n_runs_of_a_percentage_fit_in_the_limit_sized_from_the_gpu_as_the_guide_says(runs, percent, fit):
+    from prefect_cudf_polars.blocks.admission import slots_for
+
+    h200 = 150_121_545_728  # 139.8 GiB
+    limit = cli.gpu_memory_slots(h200)
+    assert limit == 140
+    # A percentage's bytes, as the block reads it against the GPU, occupy their GiB rounded up.
+    block = CudfPolarsEngine(backend="cpu", device_memory_limit=f"{percent}%")
+    assert (runs * slots_for(block.memory_limit_bytes(h200)) <= limit) is fit
+    guide = (ROOT / "docs" / "admission.md").read_text()
+    assert f"{runs} × {percent}%" in guide
 
 
 def test_admission_limit_creates_the_global_concurrency_limit_then_resizes_it(capsys):
@@ -110,7 +125,23 @@ def test_admission_limit_creates_the_global_concurrency_limit_then_resizes_it(ca
     assert f"Global concurrency limit {name!r}: 140 slot(s)" in capsys.readouterr().out
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name(name)
-    assert (limit.limit, limit.active, limit.active_slots) == (140, True, 0)
+    assert (limit.limit, limit.active, limit.active_slots, limit.slot_decay_per_second) == (140, True, 0, 0)
+
+
+def test_admission_limit_enables_a_disabled_limit_and_stops_its_slots_decaying(capsys):
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    name = f"cli-gpu-memory-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(
+            GlobalConcurrencyLimitCreate(name=name, limit=80, active=False, slot_decay_per_second=2.0))
+    assert cli.main(["admission-limit", name, "--slots", "80"]) == 0  # the same size: still set right
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+    assert (limit.limit, limit.active, limit.slot_decay_per_second) == (80, True, 0)
 
 
 @pytest.mark.timeout(600)
