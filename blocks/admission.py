@@ -23,11 +23,15 @@ Bounds (Prefect 3.9.1)
   ``prefect server`` frees the slots at its next repossessor pass (every 15 s).
   The temporary local API Prefect starts when none is configured runs no
   repossessor.
-* A waiting session asks again after the ``Retry-After`` the API answers (at most
+* A waiting session asks for its slots in requests of at most
+  :data:`REQUEST_SLICE_S` seconds, each asking again after the ``Retry-After``
+  the API answers (at most
   ``PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS``, 30 s by
-  default), so admission follows a release by up to that long. In one process,
-  Prefect asks for one limit's slots one request at a time, so a second session
-  of the same process waits behind the first one's request.
+  default), so admission follows a release by up to the shorter of the two.
+  Between requests it asks whether the slots are still wanted, so a session whose
+  caller stopped waiting stops asking within one request. In one process,
+  Prefect serves one limit's requests one at a time, so a second session of the
+  same process waits behind the first one's current request.
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ GIB = 2**30
 #: renews it every 45 s while the slots are held; a killed process's slots are free 60 s after
 #: its last renewal, at the server's next repossessor pass.
 LEASE_DURATION_S = 60.0
+
+#: Seconds of one request for the slots: a session waiting longer asks again, after checking that
+#: the slots are still wanted, until its ``admission_timeout`` has passed.
+REQUEST_SLICE_S = 10.0
 
 #: ``log(level, msg, *args)``: one line in the flow run's log.
 Log = Callable[..., None]
@@ -84,8 +92,8 @@ def slots_for(limit_bytes: int) -> int:
 
 
 @contextlib.contextmanager
-def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log,
-             *, flow_run_id: UUID | None = None) -> Iterator[Admission]:
+def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, flow_run_id: UUID | None = None,
+             wanted: Callable[[], bool] | None = None) -> Iterator[Admission]:
     """
     Hold ``ceil(limit_bytes / GiB)`` slots of ``block.admission_limit`` while the ``with`` block runs.
 
@@ -109,6 +117,10 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log,
         ``log(level, msg, *args)``, writing one line to the flow run's log.
     flow_run_id : uuid.UUID, optional
         The flow run shown as the slots' holder in Prefect.
+    wanted : callable, optional
+        Asked between requests for the slots (every :data:`REQUEST_SLICE_S`
+        seconds of waiting): ``False`` ends the wait with nothing held. Default:
+        the slots are wanted until ``admission_timeout``.
 
     Yields
     ------
@@ -118,9 +130,10 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log,
     Raises
     ------
     AdmissionError
-        The limit does not exist, has fewer slots than asked for, could not be
-        reached, or the slots were not free within ``block.admission_timeout``
-        seconds. Nothing is held then.
+        The limit does not exist, has fewer slots than asked for, lets its slots
+        decay, the Prefect API could not be reached, the slots were not free
+        within ``block.admission_timeout`` seconds, or ``wanted`` answered
+        ``False`` while the session waited. Nothing is held then.
     ValueError
         ``block.admission_limit`` is set and ``limit_bytes`` is ``None``.
     """
@@ -140,7 +153,7 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log,
         return
     log(logging.INFO, "Waiting for admission: %d slot(s) (GiB of device memory) of global concurrency limit %r, "
         "for at most %g s (admission_timeout).", slots, name, timeout)
-    held, started = _occupy(name, slots, timeout, flow_run_id)
+    held, started = _occupy(name, slots, timeout, flow_run_id, wanted or (lambda: True))
     seconds = time.monotonic() - started
     log(logging.INFO, "Admitted after %.2f s: holding %d slot(s) of global concurrency limit %r until the engine "
         "has shut down.", seconds, slots, name)
@@ -157,73 +170,120 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log,
 
 def _limit_is_active(name: str, slots: int) -> bool:
     """
-    Read the limit once: whether it is enforced, refusing one that is missing or too small.
+    Read the limit once: whether it is enforced, refusing one that is missing, too small or decaying.
 
     Raises
     ------
     AdmissionError
-        No limit of that name, or fewer slots in it than ``slots``.
+        No limit of that name, fewer slots in it than ``slots``, slots that
+        decay (a rate limit), or the Prefect API could not be asked.
     """
+    import httpx
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
-    with get_client(sync_client=True) as client:
-        try:
+    try:
+        with get_client(sync_client=True) as client:
             limit = client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            raise AdmissionError(
-                f"The global concurrency limit {name!r} (admission_limit) does not exist at this Prefect API, so "
-                f"the engine cannot occupy its {slots} slot(s) (GiB of device memory) and did not start. Create "
-                f"it with one slot per GiB of the GPU's memory, e.g. `prefect gcl create {name} --limit 80` for an "
-                "80 GiB GPU (or `prefect-cudf-polars deploy --admission-limit ...`), or clear admission_limit "
-                "on the CudfPolarsEngine block.",
-                limit_name=name, slots=slots, waited_seconds=0.0,
-            ) from None
+    except ObjectNotFound:
+        raise AdmissionError(
+            f"The global concurrency limit {name!r} (admission_limit) does not exist at this Prefect API, so "
+            f"the engine cannot occupy its {slots} slot(s) (GiB of device memory) and did not start. Create "
+            f"it with one slot per GiB of the GPU's memory, e.g. `prefect-cudf-polars admission-limit {name} "
+            f"--slots 80` or `prefect gcl create {name} --limit 80` for an 80 GiB GPU (or "
+            "`prefect-cudf-polars deploy --admission-limit ...`), or clear admission_limit on the "
+            "CudfPolarsEngine block.",
+            limit_name=name, slots=slots, waited_seconds=0.0,
+        ) from None
+    except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
+        raise _unreachable(name, slots, exc, 0.0) from exc
     if limit.active and limit.limit < slots:
         raise AdmissionError(
             f"The global concurrency limit {name!r} (admission_limit) has {limit.limit} slot(s), fewer than the "
             f"{slots} this session needs (device_memory_limit in GiB, rounded up), so it would never be admitted. "
-            f"Raise the limit (`prefect gcl update {name} --limit N`, one slot per GiB of the GPU's memory) or "
-            "lower device_memory_limit on the CudfPolarsEngine block.",
+            f"Raise the limit (`prefect-cudf-polars admission-limit {name} --slots N`, one slot per GiB of the "
+            "GPU's memory) or lower device_memory_limit on the CudfPolarsEngine block.",
+            limit_name=name, slots=slots, waited_seconds=0.0,
+        )
+    if limit.active and (limit.slot_decay_per_second or 0) > 0:
+        raise AdmissionError(
+            f"The global concurrency limit {name!r} (admission_limit) lets its slots decay "
+            f"(slot_decay_per_second={limit.slot_decay_per_second:g}): it is a rate limit, whose slots come free "
+            "while the engines that occupy them still run, so it cannot stand for device memory. The engine did "
+            f"not start. Set its decay to 0 with `prefect-cudf-polars admission-limit {name} --slots N` (or "
+            f"`prefect gcl update {name} --slot-decay-per-second 0`), then run the flow again.",
             limit_name=name, slots=slots, waited_seconds=0.0,
         )
     return bool(limit.active)
 
 
-def _occupy(name: str, slots: int, timeout: float, flow_run_id: UUID | None) -> tuple[Any, float]:
+def _unreachable(name: str, slots: int, exc: BaseException, waited: float) -> AdmissionError:
+    """The :class:`AdmissionError` for a Prefect API that could not be asked about the limit ``name``."""
+    return AdmissionError(
+        f"Could not ask the Prefect API for {slots} slot(s) of the global concurrency limit {name!r} "
+        f"(admission_limit): {type(exc).__name__}: {exc}. The engine did not start and holds nothing. Check that "
+        "PREFECT_API_URL names a running Prefect server (or Prefect Cloud) this process can reach, then run the "
+        "flow again.",
+        limit_name=name, slots=slots, waited_seconds=waited,
+    )
+
+
+def _occupy(name: str, slots: int, timeout: float, flow_run_id: UUID | None,
+            wanted: Callable[[], bool]) -> tuple[Any, float]:
     """
     Enter Prefect's ``concurrency`` for ``slots`` slots of ``name``; returns the entered context and when the wait began.
+
+    Each request lasts at most :data:`REQUEST_SLICE_S` seconds (a fresh
+    ``concurrency`` each time, so Prefect's per-limit acquisition service is
+    free between them); between requests ``wanted()`` is asked.
 
     Raises
     ------
     AdmissionError
-        Prefect could not occupy the slots, or not within ``timeout`` seconds.
+        Prefect could not occupy the slots, not within ``timeout`` seconds, or
+        ``wanted()`` answered ``False`` first.
     """
+    import httpx
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
     from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import PrefectHTTPStatusError
 
     holder = ConcurrencyLeaseHolder(type="flow_run", id=flow_run_id) if flow_run_id is not None else None
-    held = concurrency(name, occupy=slots, timeout_seconds=timeout, lease_duration=LEASE_DURATION_S, strict=True,
-                       holder=holder, raise_on_lease_renewal_failure=False)
     started = time.monotonic()
-    try:
-        held.__enter__()
-    except TimeoutError:
-        waited = time.monotonic() - started
-        raise AdmissionError(
-            f"Waited {waited:.1f} s (admission_timeout={timeout:g}) for {slots} slot(s) (GiB of device memory) of "
-            f"the global concurrency limit {name!r} and they did not come free: other flow runs hold them. The "
-            "engine did not start and holds nothing. Raise admission_timeout on the CudfPolarsEngine block to "
-            f"wait longer, lower its device_memory_limit, or see who holds the slots with `prefect gcl inspect "
-            f"{name}`.",
-            limit_name=name, slots=slots, waited_seconds=waited,
-        ) from None
-    except ConcurrencySlotAcquisitionError as exc:
-        raise AdmissionError(
-            f"Could not occupy {slots} slot(s) of the global concurrency limit {name!r} (admission_limit): {exc}. "
-            f"The engine did not start. Check that the limit exists (`prefect gcl inspect {name}`) and that this "
-            "Prefect API is reachable, then run the flow again.",
-            limit_name=name, slots=slots, waited_seconds=time.monotonic() - started,
-        ) from exc
-    return held, started
+    while True:
+        remaining = started + timeout - time.monotonic()
+        held = concurrency(name, occupy=slots, timeout_seconds=min(REQUEST_SLICE_S, remaining),
+                           lease_duration=LEASE_DURATION_S, strict=True, holder=holder,
+                           raise_on_lease_renewal_failure=False)
+        try:
+            held.__enter__()
+            return held, started
+        except TimeoutError:
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise AdmissionError(
+                    f"Waited {waited:.1f} s (admission_timeout={timeout:g}) for {slots} slot(s) (GiB of device "
+                    f"memory) of the global concurrency limit {name!r} and they did not come free: other flow runs "
+                    "hold them. The engine did not start and holds nothing. Raise admission_timeout on the "
+                    "CudfPolarsEngine block to wait longer, lower its device_memory_limit, or see who holds the "
+                    f"slots with `prefect gcl inspect {name}`.",
+                    limit_name=name, slots=slots, waited_seconds=waited,
+                ) from None
+            if not wanted():
+                raise AdmissionError(
+                    f"The session ended while it waited {waited:.1f} s for {slots} slot(s) of the global "
+                    f"concurrency limit {name!r}: its caller stopped waiting (a task timeout, a cancellation, an "
+                    "interrupt). The engine did not start and holds nothing; run the flow again for a new session.",
+                    limit_name=name, slots=slots, waited_seconds=waited,
+                ) from None
+        except ConcurrencySlotAcquisitionError as exc:
+            raise AdmissionError(
+                f"Could not occupy {slots} slot(s) of the global concurrency limit {name!r} (admission_limit): "
+                f"{exc}. The engine did not start and holds nothing. Check that the limit exists (`prefect gcl "
+                f"inspect {name}`) and that PREFECT_API_URL names a Prefect API this process can reach, then run "
+                "the flow again.",
+                limit_name=name, slots=slots, waited_seconds=time.monotonic() - started,
+            ) from exc
+        except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
+            raise _unreachable(name, slots, exc, time.monotonic() - started) from exc

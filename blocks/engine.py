@@ -166,17 +166,21 @@ class EngineHost:
 
     def _start(self, backend: str, block: CudfPolarsEngine, log: Log, flow_run_id: Any) -> None:
         self.memory_limit = block.memory_limit_bytes(memory_total(backend))
-        self.admission = self._admitted.enter_context(admitted(block, self.memory_limit, log, flow_run_id=flow_run_id))
+        self.admission = self._admitted.enter_context(
+            admitted(block, self.memory_limit, log, flow_run_id=flow_run_id, wanted=self._wanted))
         self.admission_seconds = self.admission.seconds
-        with self._lock:
-            abandoned = not self._accepting  # the caller stopped waiting and shut the host down meanwhile
-        if abandoned:
+        if not self._wanted():
             raise SessionError(self._ended())
         started = time.perf_counter()
         self.running = start_backend(backend, block, self._stack, self.memory_limit)
         self.start_seconds = time.perf_counter() - started
         self.description = self.running.describe()
         self.at_start = self.running.read()
+
+    def _wanted(self) -> bool:
+        """Whether the caller still waits for the start: ``False`` once it stopped waiting and shut the host down."""
+        with self._lock:
+            return self._accepting
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not _STOP:

@@ -27,19 +27,23 @@ from api_reads import task_run_list
 from conftest import read_run_logs
 from process_worker import cancel_and_wait, process_worker_deployment
 from processes import pid_alive, wait_until
+from prefect_cudf_polars import cli
 from prefect_cudf_polars.blocks import AdmissionError, CudfPolarsEngine, CudfPolarsTaskRunner
-from prefect_cudf_polars.blocks.admission import GIB, admitted, slots_for
+from prefect_cudf_polars.blocks.admission import GIB, REQUEST_SLICE_S, admitted, slots_for
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import execute
 
 SCRIPTS = Path(__file__).parent / "scripts"
+#: An H200's memory as the driver reports it: 139.8 GiB, not a whole number of GiB.
+H200_BYTES = 150_121_545_728
 
 
-def new_limit(slots: int, *, active: bool = True) -> str:
+def new_limit(slots: int, *, active: bool = True, slot_decay_per_second: float = 0.0) -> str:
     """A new global concurrency limit of ``slots`` slots with a name of its own; returns the name."""
     name = f"gpu-memory-{uuid.uuid4().hex[:12]}"
     with get_client(sync_client=True) as client:
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots, active=active))
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
+            name=name, limit=slots, active=active, slot_decay_per_second=slot_decay_per_second))
     return name
 
 
@@ -152,6 +156,38 @@ def test_three_flow_runs_of_4_gib_under_a_10_slot_limit_never_run_three_engines_
     assert not owner_threads()
 
 
+def test_two_flow_runs_of_half_a_gpu_of_non_whole_gib_run_at_once_under_the_limit_the_cli_sizes(orders):
+    gpu_slots = cli.gpu_memory_slots(H200_BYTES)  # what deploy sizes the limit to on this GPU
+    half = H200_BYTES // 2  # device_memory_limit="50%" on it
+    assert (gpu_slots, slots_for(half)) == (140, 70)
+    name = f"gpu-memory-{uuid.uuid4().hex[:12]}"
+    assert cli.main(["admission-limit", name, "--slots", str(gpu_slots)]) == 0
+    both_admitted = threading.Barrier(2, timeout=120)
+
+    @flow
+    def half_gpu_run(i: int) -> int:
+        with CudfPolarsEngine(backend="cpu", device_memory_limit=half, admission_limit=name).session():
+            rows = execute(pl.scan_parquet(orders), name=f"orders-{i}").lazy().collect().height
+            both_admitted.wait()  # each engine runs until the other one has started too
+            return rows
+
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = half_gpu_run(i)
+        except BaseException as exc:  # reported by the assertion below
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"half-gpu-run-{i}") for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert results == {0: 1000, 1: 1000}, results
+    assert active_slots(name) == 0
+
+
 def test_slots_are_given_back_after_a_flow_run_that_raises(orders):
     name = new_limit(10)
 
@@ -222,6 +258,32 @@ def test_a_limit_smaller_than_the_session_needs_is_refused_at_once(orders):
     assert active_slots(name) == 0
 
 
+def test_a_limit_whose_slots_decay_is_refused_with_how_to_set_the_decay_to_0(orders):
+    name = new_limit(10, slot_decay_per_second=0.5)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def pipeline() -> None:
+        execute(pl.scan_parquet(orders))
+
+    with pytest.raises(AdmissionError, match=rf"{name}.*lets its slots decay \(slot_decay_per_second=0\.5\)"
+                       rf".*Set its decay to 0 with `prefect-cudf-polars admission-limit {name} --slots N`"):
+        pipeline()
+    assert active_slots(name) == 0
+    assert not owner_threads()
+
+
+def test_an_unreachable_prefect_api_is_an_admission_error_that_says_what_to_check():
+    from prefect.settings import temporary_settings
+
+    block = four_gib_block("gpu-memory")
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing listens on port 9
+        with pytest.raises(AdmissionError, match=r"Could not ask the Prefect API for 4 slot\(s\) of the global "
+                           r"concurrency limit 'gpu-memory'.*ConnectError.*Check that PREFECT_API_URL names a "
+                           r"running Prefect server.*run the flow again"):
+            with admitted(block, 4 * GIB, lambda *a: None):
+                pass
+
+
 def test_a_disabled_limit_is_not_enforced_and_says_so(orders, lines):
     name = new_limit(2, active=False)
 
@@ -254,6 +316,54 @@ def test_a_session_that_waits_past_its_admission_timeout_fails_and_its_log_says_
                                               f"concurrency limit {name!r}, for at most 2 s")], logged
     assert active_slots(name) == 0
     assert not owner_threads()
+
+
+def test_a_session_whose_caller_stops_waiting_for_slots_stops_asking_and_holds_nothing(orders):
+    from prefect.concurrency.sync import concurrency
+
+    name = new_limit(6)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def pipeline() -> None:
+        execute.with_options(timeout_seconds=2)(pl.scan_parquet(orders))  # its wait for the slots times out
+
+    with concurrency(name, occupy=4, strict=True):  # another holder takes 4 of the 6 slots
+        state = pipeline(return_state=True)
+        assert state.is_failed()
+        # The owner thread stops asking within one request, long before admission_timeout (3600 s).
+        wait_until(lambda: not owner_threads(), REQUEST_SLICE_S + 30, "the abandoned session's wait to end")
+        assert active_slots(name) == 4  # the holder's only
+    assert active_slots(name) == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_flow_run_cancelled_while_it_waits_for_slots_ends_and_holds_nothing(tmp_path, orders):
+    from prefect.concurrency.sync import concurrency
+    from prefect.deployments import run_deployment
+
+    name = new_limit(6)
+    pool = f"admission-wait-{tmp_path.name}"[:50]
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    started_file = tmp_path / "started.json"
+    with concurrency(name, occupy=4, strict=True):  # another holder takes 4 of the 6 slots
+        with process_worker_deployment(
+            pool, flow_name="admitted-hold", entrypoint="admitted_flow.py:admitted_hold", folder=SCRIPTS,
+            parameters={"evidence": str(tmp_path), "path": str(orders), "limit": name}, env=env,
+            log=tmp_path / "worker.log",
+        ) as worker:
+            flow_run = run_deployment(f"admitted-hold/{pool}", timeout=0)
+            wait_until(lambda: started_file.exists() or worker.poll() is not None, 240, "the flow run to start")
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-4000:]
+            pid = json.loads(started_file.read_text())["pid"]
+            logged = read_run_logs(flow_run.id, expect="Waiting for admission", timeout=60)
+            assert [m for m in logged if m.startswith("Waiting for admission: 4 slot(s)")], logged
+            state, _ = cancel_and_wait(flow_run.id, pid=pid)
+            assert state.is_cancelled(), state
+            wait_until(lambda: not pid_alive(pid), 60, "the waiting flow process to exit")
+        assert not (tmp_path / "ready.json").exists()  # its engine never started
+        assert active_slots(name) == 4  # the holder's only
+    assert active_slots(name) == 0
 
 
 @pytest.mark.timeout(300)
