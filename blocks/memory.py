@@ -6,35 +6,39 @@ capped (on ``cpu``, the host store counts the same way). A result's partitions
 stay in the engine's memory between tasks, and cudf-polars 26.10 keeps them in
 its rank-local store, outside rapidsmpf's spill manager: what a flow run holds
 never spills by itself. A new result's size is known only once it exists, so
-before each engine call the session keeps the results the call does not read
-within the *held budget*::
+before each engine call the session keeps the unread results the call does not
+read within the *held budget*::
 
     held budget = limit - max(20 % of the limit, the largest partition held)
 
 which leaves the query at least a fifth of the limit, and room for the largest
 partition it may read (one in host memory included), as working memory. The
-results the call reads are its working memory, not held. When the others hold
-more than the budget:
+results the call reads, and those other queued calls have claimed, are their
+working memory, not held. When the unread others hold more than the budget:
 
 * ``spill_results="off"``: the call fails with
   :class:`~prefect_cudf_polars.blocks.DeviceMemoryError` naming them and their
   bytes; nothing has run, and every result the task did not read stays readable.
 * ``spill_results="host"``: the least recently produced unread results move to
   host memory (:class:`HostCopy`: the engine collects each to a host
-  ``polars.DataFrame``) until the rest fit. A moved result keeps every rule of
-  a result (read once, bound to its session, never persisted by a serializer);
-  after each engine call as well, so the room stays free between tasks. Its
-  claim puts it back on the engine (the engine executes the host frame) before
-  the reading query is built, room made for it first the same way (which may
-  move another result out, even one the same query reads next).
+  ``polars.DataFrame``) until the rest fit; the same check runs after each
+  engine call, so the room stays free between tasks. A moved result keeps
+  every rule of a result (read once, bound to its session, never persisted by
+  a serializer). The query that reads it scans the host frame, copying the
+  rows back to the engine as it runs; room is made for them first (the call's
+  reads and the rows coming back must then fit the budget together).
+
+With a limit, the engine calls that may add a result run one at a time from
+the room they make to the result's registration (:meth:`HeldMemory.room`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from functools import partial
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import polars as pl
@@ -46,15 +50,24 @@ if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import PersistedResult
     from prefect_cudf_polars.blocks.results import GPUResult
 
+#: Seconds a task's thread waits at a time for another engine call's room.
+WAIT_SLICE_S = 0.05
 #: The share of the limit a query keeps as working room at least.
 WORKING_SHARE = 0.2
 
 SPILL_OFF_MESSAGE = (
-    "This engine call cannot start within device_memory_limit={limit:,} bytes: the results it does not read hold "
+    "This engine call cannot start within device_memory_limit={limit}: the results it does not read hold "
     "{held:,} bytes, over the held budget of {budget:,} bytes (the limit less the larger of 20 % of it and the "
     "largest partition held, the query's working room). Held: {named}. Nothing has run and those results stay "
     "readable. On the CudfPolarsEngine block set spill_results=\"host\" (unread results move to host memory until "
     "the call fits) or raise device_memory_limit; or read or release (`result.release()`) results sooner."
+)
+HOST_FULL_MESSAGE = (
+    "This engine call cannot start within device_memory_limit={limit}: with every unread result moved to host "
+    "memory, the results it does not read still hold {held:,} bytes, over the held budget of {budget:,} bytes "
+    "(results other task runs are reading, or this call's own reads put back). Held: {named}. Nothing has run; a "
+    "retry of a gpu_task recomputes the inputs it claimed. Raise device_memory_limit on the CudfPolarsEngine block, "
+    "or read fewer results in one query."
 )
 
 
@@ -66,7 +79,7 @@ def held_budget(limit: int, largest_partition: int) -> int:
 def on_engine(result: GPUResult) -> int:
     """Bytes ``result`` holds in the engine's memory now (0 once read or released, or while in host memory)."""
     persisted = result.persisted
-    if persisted is None or (isinstance(persisted, HostCopy) and not persisted.back):
+    if persisted is None or isinstance(persisted, HostCopy):
         return 0
     return result.bytes or 0
 
@@ -87,8 +100,8 @@ class HostCopy:
     """
     A result moved to host memory (a ``PersistedResult``): its rows as a host ``polars.DataFrame``.
 
-    :meth:`lazy` first puts the rows back on the engine through ``restore``
-    (once), then reads them there as any result's frame does.
+    Its frame (:meth:`lazy`) scans the host rows: the query that reads it
+    copies them back to the engine as it runs, within the room made for it.
 
     Parameters
     ----------
@@ -96,8 +109,6 @@ class HostCopy:
         The result's rows, collected from the engine.
     ranks : list of int
         The ranks that held it.
-    restore : callable
-        Takes the frame and returns the ``PersistedResult`` the engine made of it.
     seconds : float
         Seconds the move to host memory took.
 
@@ -105,40 +116,27 @@ class HostCopy:
     ----------
     out_seconds : float
         Seconds the move to host memory took.
-    back : PersistedResult or None
-        What the engine holds once the result is back.
     """
 
-    __slots__ = ("_frame", "_lock", "_restore", "back", "out_seconds", "ranks", "schema")
+    __slots__ = ("_frame", "out_seconds", "ranks", "schema")
 
-    def __init__(self, frame: pl.DataFrame, ranks: Sequence[int], restore: Callable[[pl.DataFrame], PersistedResult],
-                 seconds: float) -> None:
+    def __init__(self, frame: pl.DataFrame, ranks: Sequence[int], seconds: float) -> None:
         self._frame: pl.DataFrame | None = frame
-        self.schema, self.ranks = frame.schema, list(ranks)
-        self._restore, self.out_seconds = restore, seconds
-        self.back: PersistedResult | None = None
-        self._lock = threading.Lock()
+        self.schema, self.ranks, self.out_seconds = frame.schema, list(ranks), seconds
 
     def lazy(self) -> pl.LazyFrame:
-        """Put the rows back on the engine (once) and return the frame that reads them there."""
-        with self._lock:
-            if self.back is None:
-                if self._frame is None:
-                    raise RuntimeError("This result's host copy was released; run the task that produced it again.")
-                self.back, self._frame = self._restore(self._frame), None
-            return self.back.lazy()
+        """A LazyFrame over the host rows (the engine copies them back as the reading query runs)."""
+        if self._frame is None:
+            raise RuntimeError("This result's host copy was released; run the task that produced it again.")
+        return self._frame.lazy()
 
     def release(self) -> None:
-        """Drop the host rows, or free what the engine holds once back (idempotent)."""
+        """Drop the host rows (idempotent; a frame already built keeps them until it is dropped)."""
         self._frame = None
-        if self.back is not None:
-            self.back.release()
 
     def forget(self) -> None:
-        """Drop the host rows; let go of what the engine held without calling it (its shutdown closed the store)."""
+        """Drop the host rows."""
         self._frame = None
-        if self.back is not None:
-            self.back.forget()
 
 
 class EngineAccess(Protocol):
@@ -163,6 +161,13 @@ class HeldMemory:
     """
     One session's held-memory policy, its moves to host memory and back, and its figures (see the module notes).
 
+    With a limit, engine calls that may add a result run one at a time from the
+    room they make to the result's registration (:meth:`room`), so each sees
+    the results the ones before it produced: the engine runs its calls one at a
+    time anyway. A result is moved under its own lock, so no claim reads it
+    meanwhile; the engine's owner thread never waits for the lock of an unread
+    result, nor for this room.
+
     Parameters
     ----------
     spill : {"off", "host"}
@@ -170,24 +175,62 @@ class HeldMemory:
     session : EngineAccess
         The session whose results it keeps within the budget.
     moved : callable
-        ``moved(result, way, seconds)`` tells Prefect of a move (``way``: ``"out"`` to host memory, ``"back"``).
+        ``moved(result, way, seconds)`` tells Prefect of a move (``way``: ``"out"`` to host memory, with its
+        seconds; ``"back"``, read back by a query, ``seconds`` None).
 
     Attributes
     ----------
     limit : int or None
-        ``device_memory_limit`` in bytes, once the engine has started (``None``: no limit).
+        ``device_memory_limit`` in bytes on each rank, once the engine has started (``None``: no limit).
+    ranks : int
+        The engine's ranks: held bytes are summed over them, so the budget is the per-rank one times this.
     peak_held : int
         Most bytes the session's results held on the engine after any engine call.
     spills : dict
-        ``results`` and ``bytes`` moved to host memory and ``out_seconds``; ``back`` (results read back) and
-        ``back_seconds``.
+        ``results``, ``bytes`` and ``out_seconds`` moved to host memory; ``back`` (results read back by a
+        query, which copies them as it runs: the seconds are in its engine seconds) and ``back_bytes``.
     """
 
-    def __init__(self, spill: str, session: EngineAccess, moved: Callable[[GPUResult, str, float], None]) -> None:
-        self.spill, self.limit, self.peak_held = spill, None, 0
-        self.spills: dict[str, Any] = {"results": 0, "bytes": 0, "out_seconds": 0.0, "back": 0, "back_seconds": 0.0}
-        self._session, self._moved = session, moved
-        self._lock = threading.Lock()
+    def __init__(self, spill: str, session: EngineAccess, moved: Callable[[GPUResult, str, float | None], None]) -> None:
+        self.spill, self.limit, self.ranks, self.peak_held = spill, None, 1, 0
+        self.spills: dict[str, Any] = {"results": 0, "bytes": 0, "out_seconds": 0.0, "back": 0, "back_bytes": 0}
+        self._session, self._moved = weakref.proxy(session), moved  # the session holds this: no cycle
+        self._lock, self._room = threading.Lock(), threading.RLock()
+
+    @contextlib.contextmanager
+    def room(self, claimed: Sequence[GPUResult]) -> Iterator[None]:
+        """
+        Make room for an engine call that reads ``claimed`` (:meth:`make_room`) and hold it until the block ends.
+
+        Claimed results in host memory come back as the call runs: they are counted as read back when it ends
+        without an error.
+
+        Without a limit, nothing. The wait for another call's room is in short
+        slices, so an exception Prefect injects into the task's thread (its
+        timeout) ends it.
+
+        Raises
+        ------
+        DeviceMemoryError, SessionError
+            As :meth:`make_room`.
+        """
+        if self.limit is None:
+            yield
+            return
+        while not self._room.acquire(timeout=WAIT_SLICE_S):
+            pass
+        try:
+            coming = [r for r in claimed if isinstance(r.persisted, HostCopy)]
+            self.make_room(claimed)
+            yield
+            for result in coming:
+                self._count(result, "back", None)
+        finally:
+            self._room.release()
+
+    def start(self, limit: int | None, ranks: int) -> None:
+        """The engine started: its ``device_memory_limit`` in bytes per rank (``None``: none) and its ranks."""
+        self.limit, self.ranks = limit, max(ranks, 1)
 
     def note_held(self) -> None:
         """After an engine call: with ``spill="host"``, move results until the held fit the budget; keep the peak."""
@@ -203,40 +246,53 @@ class HeldMemory:
         """
         Before an engine call that reads the results ``claimed`` (and what they hold): keep the others within budget.
 
-        ``refuse=False`` (after a call) moves what it can and raises nothing when that is not enough.
+        When it reads results in host memory, those come back as it runs: then its reads, and those bytes,
+        must fit the budget too. ``refuse=False`` (after a call) moves what it can and raises nothing when that
+        is not enough.
 
         Raises
         ------
         DeviceMemoryError
-            The others hold more than the held budget and ``spill`` is ``"off"``
-            (or moving every unread one would not do); nothing has run.
+            The unread results it does not read hold more than the held budget, and ``spill`` is ``"off"``
+            or moving every unread one is not enough; nothing has run.
         SessionError
             The session ended while a result moved.
         """
         if self.limit is None:
             return
-        read, (held, live) = read_by(claimed), self._session.held_results()
-        largest = max(((r.bytes or 0) // max(r.partitions, 1) for r in held if r.persisted is not None), default=0)
-        budget = held_budget(self.limit, largest)
-        others = [r for r in held if r.id not in read and on_engine(r)]
-        total, moving = sum(map(on_engine, others)), []
-        for result in live if self.spill == "host" else ():
-            if total <= budget:
-                break
-            if result.id not in read and not result.deferred and on_engine(result):
-                moving.append(result)
-                total -= on_engine(result)
-        if total > budget and refuse:
-            order = {r.id: i for i, r in enumerate(live)}  # unread ones in the order produced, then those being read
-            kept = sorted((r for r in others if r not in moving), key=lambda r: order.get(r.id, len(order)))
-            named = ", ".join(f"{r.name!r} ({on_engine(r):,} bytes, from {r.produced_by})" for r in kept[:20])
-            raise DeviceMemoryError(SPILL_OFF_MESSAGE.format(limit=self.limit, held=total, budget=budget,
-                                                             named=named + (" ..." if len(kept) > 20 else "")))
-        for result in moving:
-            self._move_out(result)
+        read = read_by(claimed)
+        incoming = sum(r.bytes or 0 for r in claimed if isinstance(r.persisted, HostCopy))
+        with self._room:  # re-entered by the call that holds the room (after its result is registered)
+            while True:
+                held, live = self._session.held_results()
+                largest = max(((r.bytes or 0) // max(r.partitions, 1) for r in held if r.persisted is not None),
+                              default=0)
+                budget = self.ranks * held_budget(self.limit, largest)
+                # Held: the unread results; with rows coming back, this call's reads on the engine as well.
+                others = [r for r in live if r.id not in read and on_engine(r)]
+                others += [r for r in held if r.id in read and on_engine(r)] if incoming else []
+                total = sum(map(on_engine, others)) + incoming
+                if total <= budget:
+                    return
+                movable = [r for r in live if r.id not in read and not r.deferred and on_engine(r)]
+                if self.spill != "host" or not movable:
+                    break
+                self._move_out(movable[0])  # the least recently produced; another task may have claimed it meanwhile
+        if refuse:
+            raise DeviceMemoryError(self._refusal(others, live, total, budget))
+
+    def _refusal(self, others: list[GPUResult], live: list[GPUResult], total: int, budget: int) -> str:
+        order = {r.id: i for i, r in enumerate(live)}  # unread ones in the order produced, then those being read
+        kept = sorted(others, key=lambda r: order.get(r.id, len(order)))
+        named = ", ".join(f"{r.name!r} ({on_engine(r):,} bytes, from {r.produced_by})" for r in kept[:20])
+        limit = f"{self.limit:,} bytes" + (f" on each of {self.ranks} ranks" if self.ranks > 1 else "")
+        template = SPILL_OFF_MESSAGE if self.spill != "host" else HOST_FULL_MESSAGE
+        return template.format(limit=limit, held=total, budget=budget, named=named + (" ..." if len(kept) > 20 else ""))
 
     def _move_out(self, result: GPUResult) -> None:
-        def out(persisted: PersistedResult) -> HostCopy:  # under the result's lock: no claim meanwhile
+        def out(persisted: PersistedResult) -> HostCopy | None:  # under the result's lock: no claim meanwhile
+            if isinstance(persisted, HostCopy):
+                return None  # in host memory, or back and read
             started = time.perf_counter()
             running = self._session.running_engine
             try:
@@ -244,31 +300,20 @@ class HeldMemory:
             except Exception as exc:
                 raise_engine_error(exc)
             self._session.free(persisted)  # what the read left
-            return HostCopy(frame, persisted.ranks, partial(self._put_back, result), time.perf_counter() - started)
+            return HostCopy(frame, persisted.ranks, time.perf_counter() - started)
 
         if (copy := result.move(out)) is not None:
             self._count(result, "out", copy.out_seconds)  # type: ignore[attr-defined]
 
-    def _put_back(self, result: GPUResult, frame: pl.DataFrame) -> PersistedResult:
-        """A claimed result in host memory goes back to the engine, room made for it first."""
-        self.make_room((result,))
-        running, started = self._session.running_engine, time.perf_counter()
-        try:
-            back = self._session.run(lambda: running.execute(frame.lazy(), pl.QueryOptFlags()))
-        except Exception as exc:
-            raise_engine_error(exc)
-        self._count(result, "back", time.perf_counter() - started)
-        return back
-
-    def _count(self, result: GPUResult, way: str, seconds: float) -> None:
+    def _count(self, result: GPUResult, way: str, seconds: float | None) -> None:
         with self._lock:
             self.spills["results" if way == "out" else "back"] += 1
-            self.spills["bytes"] += (result.bytes or 0) if way == "out" else 0
-            self.spills[f"{way}_seconds"] += seconds
+            self.spills["bytes" if way == "out" else "back_bytes"] += result.bytes or 0
+            self.spills["out_seconds"] += seconds or 0.0
         self._moved(result, way, seconds)
 
     def summary(self) -> dict[str, Any]:
-        """``limit`` and ``peak_held`` (bytes), ``spill_results`` and ``spills``."""
+        """``limit`` (bytes per rank), ``ranks``, ``peak_held`` (bytes), ``spill_results`` and ``spills``."""
         with self._lock:
-            return {"limit": self.limit, "peak_held": self.peak_held, "spill_results": self.spill,
-                    "spills": dict(self.spills)}
+            return {"limit": self.limit, "ranks": self.ranks, "peak_held": self.peak_held,
+                    "spill_results": self.spill, "spills": dict(self.spills)}

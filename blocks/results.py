@@ -450,13 +450,14 @@ class GPUResult:
         for result in held:
             result.release()
 
-    def move(self, mover: Callable[[PersistedResult], PersistedResult]) -> PersistedResult | None:
-        """While live and holding partitions, hold ``mover(persisted)`` instead and return it (a move to host memory)."""
+    def move(self, mover: Callable[[PersistedResult], PersistedResult | None]) -> PersistedResult | None:
+        """While live and holding partitions, hold ``mover(persisted)`` instead (unless ``None``) and return it."""
         with self._lock:
             if self._state != "live" or self._persisted is None:
                 return None
-            self._persisted = mover(self._persisted)
-            return self._persisted
+            moved = mover(self._persisted)
+            self._persisted = self._persisted if moved is None else moved
+            return moved
 
     def end(self, tombstone: EndedSession, *, drop: bool) -> None:
         """

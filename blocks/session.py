@@ -159,7 +159,7 @@ class EngineSession:
         try:
             at_start = self.host.at_start if self._owns_host else self.host.read()  # type: ignore[union-attr]
             self._memory["at_start"] = self._telemetry.note(at_start).memory
-            self.held.limit = self.host.memory_limit  # type: ignore[union-attr]
+            self.held.start(self.host.memory_limit, int(self.description.get("ranks") or 1))  # type: ignore[union-attr]
             self._telemetry.backend, self.state = self.backend, State.OPEN
             exits.opened(self)
             if activate:
@@ -338,11 +338,12 @@ class EngineSession:
             The session has ended.
         """
         name, run = name or "query", current_run()
-        (persisted, reading, seconds, plans), fused = self._call_engine("execute", lf, inputs, run, environment,
-                                                                        self._late(name, run))
-        result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(lf, environment=environment),
-                           engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
-        return self._register(result, *plans, reading.memory, input_reads(claimed_by(inputs, run), plans[0]))
+        with self.held.room(claimed_by(inputs, run)):  # with a device_memory_limit: until the result is counted
+            (persisted, reading, seconds, plans), fused = self._call_engine("execute", lf, inputs, run, environment,
+                                                                            self._late(name, run))
+            result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(
+                lf, environment=environment), engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
+            return self._register(result, *plans, reading.memory, input_reads(claimed_by(inputs, run), plans[0]))
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
         def release_late(value: tuple[Any, ...]) -> None:  # on the owner thread
@@ -374,14 +375,14 @@ class EngineSession:
         """
         if isinstance(query, GPUResult):
             inputs, query = [*inputs, query], query.lazy()
-        return self._call_engine("collect", query, inputs, current_run(), environment, None)[0][0]
+        with self.held.room(claimed_by(inputs, run := current_run())):
+            return self._call_engine("collect", query, inputs, run, environment, None)[0][0]
 
     def _call_engine(self, kind: str, lf: pl.LazyFrame, inputs: Sequence[GPUResult], run: Any,
                      environment: Mapping[str, str | None] | None, on_late: Callable[[Any], None] | None) -> tuple:
         """Check the plan and run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
         host = self._check_open()
         claimed = claimed_by(inputs, run)
-        self.held.make_room(claimed)
         fused = fused_steps(claimed)
         prepared = partial(prepare_result, optimized=kind == "execute" and self.block.result_artifacts)
         planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed

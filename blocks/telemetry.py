@@ -328,10 +328,10 @@ class SessionTelemetry:
             "name": result.name, "unconsumed": True, "at_session_end": at_session_end,
         }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
 
-    def result_moved(self, result: Any, way: str, seconds: float) -> None:
-        """A result moved to host memory (``way="out"``) or back to the engine (``"back"``): ``result.moved``."""
+    def result_moved(self, result: Any, way: str, seconds: float | None) -> None:
+        """A result moved to host memory (``way="out"``, its seconds) or read back by a query (``"back"``): ``result.moved``."""
         row = self._results.get(result.id, {})
-        row["moved"] = f"{row.get('moved', '')}{'out' if way == 'out' else ', back'} {seconds:.3f} s"
+        row["moved"] = "; ".join(filter(None, [row.get("moved"), f"out {seconds:.3f} s" if way == "out" else "read back"]))
         self._emit(RESULT_MOVED, result_resource(result), {
             "name": result.name, "to": "host" if way == "out" else "engine", "bytes": result.bytes, "seconds": seconds,
         }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
@@ -358,9 +358,9 @@ class SessionTelemetry:
             spills = held["spills"]
             self.log(logging.INFO, "cudf-polars held memory: device_memory_limit %s bytes, peak held %s bytes; "
                      "spill_results=%s: %d result(s) moved to host memory (%s bytes, %.3f s out), %d read back "
-                     "(%.3f s back)", f"{held['limit']:,}", f"{held['peak_held']:,}", held["spill_results"],
+                     "(%s bytes)", f"{held['limit']:,}", f"{held['peak_held']:,}", held["spill_results"],
                      spills["results"], f"{spills['bytes']:,}", spills["out_seconds"], spills["back"],
-                     spills["back_seconds"])
+                     f"{spills['back_bytes']:,}")
         if (unread := self._unread) and not self.muted:  # muted: the interpreter-exit hook has warned
             more = f" and {len(unread) - UNREAD_NAMED} more" if len(unread) > UNREAD_NAMED else ""
             self.log(logging.WARNING, UNREAD_WARNING, len(unread), ", ".join(unread[:UNREAD_NAMED]) + more)
@@ -397,7 +397,7 @@ class SessionTelemetry:
             ("peak held by results", format_bytes(held["peak_held"])), ("spill_results", held["spill_results"]),
             ("moved to host memory", f"{held['spills']['results']} result(s), {format_bytes(held['spills']['bytes'])}, "
              f"{held['spills']['out_seconds']:.3f} s out; {held['spills']['back']} read back, "
-             f"{held['spills']['back_seconds']:.3f} s back"),
+             f"{format_bytes(held['spills']['back_bytes'])}"),
             ("admission wait", f"{summary['timings'].get('admission_wait_s', 0.0):.2f} s"),
             ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),
             ("session id", f"`{summary['session_id']}`"),

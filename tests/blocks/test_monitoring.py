@@ -163,7 +163,8 @@ def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):
     assert stopped.payload["counts"] == {"produced": 3, "consumed": 2, "released_unconsumed": 1}
     # The event carries the session's timings (seconds), the figures its summary artifact shows.
     timings = stopped.payload["timings"]
-    assert set(timings) == {"engine_start_s", "engine_shutdown_s"}
+    assert set(timings) == {"engine_start_s", "admission_wait_s", "engine_shutdown_s"}
     [summary] = artifacts_of(flow_run_id=flow_run_id, key=summary_key("pipeline"))
-    for row, key in (("engine start", "engine_start_s"), ("engine shutdown", "engine_shutdown_s")):
+    for row, key in (("engine start", "engine_start_s"), ("engine shutdown", "engine_shutdown_s"),
+                     ("admission wait", "admission_wait_s")):
         assert f"| {row} | {timings[key]:.2f} s |" in summary.data, (key, timings, summary.data)

@@ -23,7 +23,7 @@ from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, g
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks.memory import held_budget
 from prefect_cudf_polars.tasks import (
-    DeviceMemoryError, GPUResult, HostPersistenceError, ResultConsumedError, collect, execute, gpu_task)
+    DeviceMemoryError, GPUResult, HostPersistenceError, ResultConsumedError, collect, execute, gpu_task, tee)
 
 ROWS = 100_000
 TABLE_BYTES = 1_600_000  # two 8-byte columns of ROWS rows, as polars' estimated_size counts them
@@ -72,25 +72,24 @@ def test_with_spill_off_a_call_the_held_results_leave_no_room_for_fails_naming_t
 def test_with_spill_host_unread_results_move_to_host_memory_and_back_and_equal_polars():
     @flow(task_runner=CudfPolarsTaskRunner(block("host")))
     def pipeline():
-        held = [execute(table(i), name=f"table-{i}") for i in range(5)]
-        firsts = collect(total(held[0], held[1]))
-        rest = collect(total(held[2], held[3], held[4]))
-        return firsts, rest, get_engine_session().summary(), get_engine_session().flow_run_id
+        held = [execute(table(i), name=f"table-{i}") for i in range(6)]
+        sums = [collect(total(held[i], held[i + 1])) for i in range(0, 6, 2)]
+        return sums, get_engine_session().summary(), get_engine_session().flow_run_id
 
-    firsts, rest, summary, flow_run_id = pipeline()
-    assert firsts.row(0) == (1.0 * ROWS, 2 * ROWS)
-    assert rest.row(0) == ((2.0 + 3.0 + 4.0) * ROWS, 3 * ROWS)
+    sums, summary, flow_run_id = pipeline()
+    assert [s.row(0) for s in sums] == [((2 * i + 1) * float(ROWS), 2 * ROWS) for i in range(0, 6, 2)]
     held = summary["held"]
     assert held["spill_results"] == "host" and held["limit"] == LIMIT
-    assert held["spills"]["results"] >= 3 and held["spills"]["bytes"] == held["spills"]["results"] * TABLE_BYTES
-    assert held["spills"]["back"] >= 3
+    assert held["spills"]["results"] >= 4 and held["spills"]["bytes"] == held["spills"]["results"] * TABLE_BYTES
+    assert held["spills"]["back"] >= 4 and held["spills"]["back_bytes"] == held["spills"]["back"] * TABLE_BYTES
     assert held["peak_held"] <= held_budget(LIMIT, TABLE_BYTES)
-    assert summary["counts"] == {"produced": 7, "consumed": 7, "released_unconsumed": 0}
+    assert summary["counts"] == {"produced": 9, "consumed": 9, "released_unconsumed": 0}
     assert held_partitions() == 0
     name = "prefect_cudf_polars.result.moved"
-    moved = [e for e in events_of(flow_run_id, expect={name: 6}) if e.event == name]
+    moved = [e for e in events_of(flow_run_id, expect={name: 8}) if e.event == name]
     assert {e.payload["to"] for e in moved} == {"host", "engine"}
-    assert all(e.payload["bytes"] == TABLE_BYTES and e.payload["seconds"] >= 0 for e in moved)
+    assert all(e.payload["bytes"] == TABLE_BYTES for e in moved)
+    assert all(e.payload["seconds"] >= 0 for e in moved if e.payload["to"] == "host")
 
 
 def test_a_result_in_host_memory_keeps_every_rule_of_a_result():
@@ -121,4 +120,58 @@ def test_a_result_past_the_limit_fails_as_out_of_memory():
         return collect(execute(table(1), name="small"))  # the session stays usable
 
     assert_frame_equal(pipeline(), table(1).collect())
+    assert held_partitions() == 0
+
+
+def test_concurrent_readers_under_spill_host_each_move_a_result_once_and_equal_polars():
+    """Twelve tables loaded, most moved to host memory; six readers of two at once: every move counted once."""
+
+    @gpu_task
+    def pair_total(a: GPUResult, b: GPUResult) -> pl.LazyFrame:
+        return pl.concat([a.lazy(), b.lazy()]).select(pl.col("v").sum(), pl.len())
+
+    @flow(task_runner=CudfPolarsTaskRunner(block("host")))
+    def pipeline():
+        loads = [execute(table(i), name=f"table-{i}") for i in range(12)]
+        pairs = [pair_total.submit(loads[i], loads[i + 1]) for i in range(10, -1, -2)]  # newest first
+        sums = [collect(p.result()) for p in pairs]
+        return sums, get_engine_session().summary()
+
+    sums, summary = pipeline()
+    assert [s.row(0) for s in sums] == [((2 * i + 1) * float(ROWS), 2 * ROWS) for i in range(10, -1, -2)]
+    spills = summary["held"]["spills"]
+    assert spills["results"] >= 10
+    assert spills["bytes"] == spills["results"] * TABLE_BYTES and spills["back_bytes"] == spills["back"] * TABLE_BYTES
+    assert spills["back"] <= spills["results"]  # a result comes back at most once per move
+    assert summary["counts"]["released_unconsumed"] == 0
+    assert held_partitions() == 0
+
+
+def test_a_tee_of_a_result_in_host_memory_comes_back_as_the_copy():
+    @flow(task_runner=CudfPolarsTaskRunner(block("host")))
+    def pipeline():
+        held = [execute(table(i), name=f"table-{i}") for i in range(4)]  # table-0 moves to host memory
+        first, second = tee(held[0], 2)
+        out = collect(first), collect(second)
+        return out, first.id, get_engine_session().flow_run_id
+
+    (first, second), first_id, flow_run_id = pipeline()
+    assert_frame_equal(first, table(0).collect())
+    assert_frame_equal(second, table(0).collect())
+    name = "prefect_cudf_polars.result.moved"
+    back = [e for e in events_of(flow_run_id, expect={name: 2}) if e.event == name and e.payload["to"] == "engine"]
+    assert [e.resource.id for e in back] == [f"prefect-cudf-polars.result.{first_id}"]
+
+
+def test_a_query_whose_reads_from_host_memory_exceed_the_budget_fails_saying_so():
+    @flow(task_runner=CudfPolarsTaskRunner(block("host")))
+    def pipeline():
+        held = [execute(table(i), name=f"table-{i}") for i in range(3)]  # table-0 in host memory
+        state = total(*held, return_state=True)  # three reads of 1.6 MB: over the 4.4 MB budget
+        with pytest.raises(DeviceMemoryError, match=r"(?s)with every unread result moved to host memory.*"
+                           r"over the held budget of 4,400,000 bytes.*read fewer results in one query"):
+            state.result()
+        return collect(execute(table(5), name="later"))  # the session stays usable
+
+    assert_frame_equal(pipeline(), table(5).collect())
     assert held_partitions() == 0

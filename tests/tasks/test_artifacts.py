@@ -46,7 +46,7 @@ def summary_results(text: str) -> list[dict[str, str]]:
     assert header, f"no Results table in:\n{text}"
     lines = text[header.end():].strip().splitlines()
     columns = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert columns == ["result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s"], lines[0]
+    assert columns == ["result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s", "host memory"], lines[0]
     rows = [
         dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True))
         for line in lines[2:] if line.startswith("|")
