@@ -57,6 +57,12 @@ MEMORY_RESOURCES: dict[str, str] = {
 }
 
 
+def bytes_of(value: int | str, total: int) -> int:
+    """A limit field's value in bytes: a percentage (``"40%"``) of ``total`` bytes, else its bytes."""
+    text = str(value)
+    return int(total * float(text[:-1]) / 100) if text.endswith("%") else int(text)
+
+
 def _did_you_mean(name: str, choices: Any) -> str:
     """``" (did you mean 'x'?)"`` for the closest of ``choices``, or ``""``."""
     close = difflib.get_close_matches(name, sorted(choices), n=1)
@@ -123,8 +129,9 @@ class CudfPolarsEngine(Block):
         rapidsmpf 26.10 rounds a fraction of a percent to a whole one) or a
         positive number of bytes (``60_000_000_000`` or ``"60000000000"``). A
         float is refused: rapidsmpf would read ``0.8`` as 0.8 bytes, not 80 %.
-        cudf-polars 26.10 takes the limit as a string (``StreamingOptions``);
-        the engine adapters pass an int as its digits.
+        With ``device_memory_limit`` set, a percentage is of that limit and
+        bytes are at most it. cudf-polars 26.10 takes the limit as a string
+        (``StreamingOptions``); the engine adapters pass an int as its digits.
     device_memory_resource : {"async", "pool", "managed", "cuda"}
         The rmm memory resource: ``"async"`` (cudf-polars' default,
         ``CudaAsyncMemoryResource``), ``"pool"`` (``PoolMemoryResource`` over
@@ -225,7 +232,7 @@ class CudfPolarsEngine(Block):
     # The UI form's constraints (JSON Schema); the validator below says what is wrong and what is allowed.
     spill_device_limit: Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=_LIMIT_PATTERN)] | None = Field(
         default=None, description="Spill to host above this device memory use: a percentage of GPU memory "
-        '("80%") or a number of bytes.')
+        '("80%"; of device_memory_limit when one is set) or a number of bytes.')
     device_memory_resource: Literal["async", "pool", "managed", "cuda"] = Field(
         default="async", description="rmm memory resource.")
     device_memory_pool_size: int | None = Field(
@@ -279,7 +286,9 @@ class CudfPolarsEngine(Block):
     def _check_limit(cls, value: Any, info: ValidationInfo) -> int | str | None:
         if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             return value
-        allowed = ('a percentage of GPU memory above 0% and at most 100% ("80%") or a positive '
+        of = "the GPU's memory (on the cpu backend, the machine's)" if info.field_name == "device_memory_limit" else \
+            "GPU memory"
+        allowed = (f'a percentage of {of} above 0% and at most 100% ("80%") or a positive '
                    'number of bytes (60_000_000_000 or "60000000000")')
         if isinstance(value, float):
             hint = f' (for a fraction of GPU memory write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
@@ -312,6 +321,10 @@ class CudfPolarsEngine(Block):
         if self.device_memory_pool_size is not None and self.device_memory_resource not in ("async", "pool"):
             raise ValueError("device_memory_pool_size applies to device_memory_resource 'async' or "
                              f"'pool', not {self.device_memory_resource!r}")
+        limit, pool = self.device_memory_limit, self.device_memory_pool_size
+        if isinstance(limit, int) and pool is not None and pool > limit:
+            raise ValueError(f"device_memory_pool_size={pool} is over device_memory_limit={limit}: the pool would "
+                             "reserve memory the limit does not count; make it at most the limit")
         if self.admission_limit is not None and self.device_memory_limit is None:
             raise ValueError(f"admission_limit={self.admission_limit!r} needs device_memory_limit: the slots a flow "
                              "run occupies are its device memory limit in GiB (set device_memory_limit, e.g. \"40%\")")
@@ -332,12 +345,12 @@ class CudfPolarsEngine(Block):
             The limit is a percentage and ``total`` is unknown.
         """
         value = self.device_memory_limit
-        if value is None or not str(value).endswith("%"):
-            return None if value is None else int(value)
-        if total is None:
+        if value is None:
+            return None
+        if total is None and str(value).endswith("%"):
             raise ValueError(f"device_memory_limit={value!r} is a percentage, but this machine's memory could not be "
                              "read; give the limit in bytes on the CudfPolarsEngine block.")
-        return int(total * float(str(value)[:-1]) / 100)
+        return bytes_of(value, total or 0)
 
     def memory_resource_config(self) -> dict[str, Any] | None:
         """
@@ -389,14 +402,14 @@ class CudfPolarsEngine(Block):
         percentages are of the whole device: a percentage here is of the limit,
         80 % when unset); and ``pinned_max_pool_size`` is the share of 80 % of
         ``host_total`` that the limit is of ``device_total`` (rapidsmpf's default
-        lets each engine pin 80 % of host memory), when both are known.
+        lets each engine pin 80 % of its GPU's share of host memory), when both are known.
 
         Parameters
         ----------
         limit : int, optional
             ``device_memory_limit`` in bytes.
         device_total, host_total : int, optional
-            The GPU's and the machine's memory, in bytes.
+            The GPU's memory and the host memory per GPU (the machine's divided by the visible GPUs), in bytes.
 
         Returns
         -------
@@ -411,9 +424,7 @@ class CudfPolarsEngine(Block):
             named["spill_device_limit"] = str(self.spill_device_limit)
         mr = self.memory_resource_config()
         if limit is not None:
-            spill = str(self.spill_device_limit or "80%")
-            named["spill_device_limit"] = str(min(int(limit * float(spill[:-1]) / 100) if spill.endswith("%")
-                                                  else int(spill), limit))
+            named["spill_device_limit"] = str(min(bytes_of(self.spill_device_limit or "80%", limit), limit))
             upstream = mr or {"qualname": MEMORY_RESOURCES["async"], "options": {}}
             if upstream["qualname"] == MEMORY_RESOURCES["async"]:
                 upstream["options"]["release_threshold"] = limit

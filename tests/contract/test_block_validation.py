@@ -130,3 +130,23 @@ def test_memory_fields_keep_what_they_allow():
     block = CudfPolarsEngine(device_memory_limit=" 40% ", spill_results="host", admission_limit="gpu-memory")
     assert (block.device_memory_limit, block.spill_results, block.admission_limit) == ("40%", "host", "gpu-memory")
     assert CudfPolarsEngine().spill_results == "off" and CudfPolarsEngine().device_memory_limit is None
+
+
+def test_a_pool_larger_than_the_device_memory_limit_is_refused():
+    with pytest.raises(ValidationError, match=r"device_memory_pool_size=2000 is over device_memory_limit=1000"):
+        CudfPolarsEngine(device_memory_limit=1000, device_memory_pool_size=2000)
+
+
+def test_with_a_device_memory_limit_the_spill_limit_is_a_share_of_it_in_bytes():
+    pytest.importorskip("cudf_polars", reason="the engine options are cudf-polars' own")
+
+    block = CudfPolarsEngine(backend="cpu", device_memory_limit=8 << 30, spill_device_limit="50%")
+    options = block.engine_kwargs(8 << 30, device_total=140 << 30, host_total=1000 << 30)
+    strings = options["rapidsmpf_options"].get_strings()
+    assert strings["spill_device_limit"] == str(4 << 30)
+    assert strings["pinned_max_pool_size"] == str(int(0.8 * (1000 << 30) * 8 / 140))
+    resource = options["engine_options"]["memory_resource_config"]
+    assert resource.qualname == "rmm.mr.LimitingResourceAdaptor"
+    assert resource.options == {"upstream_mr": {"qualname": "rmm.mr.CudaAsyncMemoryResource",
+                                                "options": {"release_threshold": 8 << 30}},
+                                "allocation_limit": 8 << 30}
