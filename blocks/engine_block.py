@@ -31,6 +31,8 @@ Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 _NAMED_EXECUTOR_KEYS = frozenset({"target_partition_size", "max_rows_per_partition"})
 #: A percentage or a number of bytes, as the UI form checks it (JSON Schema).
 _LIMIT_PATTERN = r"^(\d+(\.\d+)?%|\d+)$"
+#: A Prefect global concurrency limit's name (Prefect 3.9: no / % & > <), without spaces around it.
+LIMIT_NAME_PATTERN = r"^[^/%&><\s]([^/%&><]*[^/%&><\s])?$"
 _SPILL_LIMIT = re.compile(r"^(?:(?P<percent>\d+(?:\.\d+)?)%|(?P<bytes>\d+))$")
 # Keys Prefect 3.9's Block serializer adds to a block's data (Block.ser_model,
 # Block.validate_block_type_slug); a saved block's document carries them.
@@ -241,12 +243,12 @@ class CudfPolarsEngine(Block):
         default=None, description="backend dask: scheduler of an existing GPU cluster (never shut down); "
         "empty starts a LocalCUDACluster the session owns.")
     dask_connect_timeout: float = Field(
-        default=30.0, gt=0, description="Seconds to wait for dask_scheduler_address to answer.")
+        default=30.0, gt=0, allow_inf_nan=False, description="Seconds to wait for dask_scheduler_address to answer.")
     ray_address: str | None = Field(
         default=None, description="backend ray: address of an existing Ray cluster (never stopped); "
         "empty starts a new local Ray the session stops (even when RAY_ADDRESS is set).")
     teardown_timeout: float = Field(
-        default=20.0, gt=0, description="Seconds the session's end waits for the engine to release results "
+        default=20.0, gt=0, allow_inf_nan=False, description="Seconds the session's end waits for the engine to release results "
         "and shut down; then results are marked released without it and a warning is logged.")
     executor_options: dict[str, Any] = Field(
         default_factory=dict, description="More cudf-polars streaming executor options, passed as they are.")
@@ -257,10 +259,10 @@ class CudfPolarsEngine(Block):
         default="off", description="off: an engine call that held results leave no room for fails, naming them; "
         "host: the least recently produced unread results move to host memory until it fits.")
     admission_limit: str | None = Field(
-        default=None, description="Prefect global concurrency limit whose slots are GiB of device memory: a flow "
+        default=None, pattern=LIMIT_NAME_PATTERN, description="Prefect global concurrency limit whose slots are GiB of device memory: a flow "
         "run occupies ceil(device_memory_limit / GiB) slots while its engine runs. Needs device_memory_limit.")
     admission_timeout: float = Field(
-        default=3600.0, gt=0, description="Seconds a flow run waits for its admission slots before it fails.")
+        default=3600.0, gt=0, allow_inf_nan=False, description="Seconds a flow run waits for its admission slots before it fails.")
     result_artifacts: bool = Field(
         default=False, description="One artifact per result on the task run that produced it (an API call "
         "each); the result.created event and the flow run's summary artifact carry the same facts.")
@@ -299,6 +301,14 @@ class CudfPolarsEngine(Block):
         if not fits:
             raise ValueError(f"{info.field_name}={value!r} is not {allowed}")
         return value.strip()
+
+    @field_validator("admission_limit", mode="before")
+    @classmethod
+    def _check_limit_name(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and re.match(LIMIT_NAME_PATTERN, value)):
+            return value
+        raise ValueError(f"admission_limit={value!r} is not a Prefect global concurrency limit's name: a non-empty "
+                         "name without '/', '%', '&', '>' or '<' and without spaces around it (e.g. \"gpu-memory\")")
 
     @field_validator("executor_options")
     @classmethod

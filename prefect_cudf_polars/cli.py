@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -408,6 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "admission-limit":
             if args.slots < 1:
                 parser.error(f"--slots {args.slots}: give the GPU's memory in whole GiB (1 or more)")
+            from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
+
+            if not re.match(LIMIT_NAME_PATTERN, args.name):
+                parser.error(f"{args.name!r} is not a global concurrency limit's name: a non-empty name without "
+                             "'/', '%', '&', '>' or '<' and without spaces around it, e.g. gpu-memory")
             set_admission_limit(args.name, args.slots)
             print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
         else:

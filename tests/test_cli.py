@@ -78,6 +78,11 @@ def test_save_engine_saves_the_device_memory_limit_and_the_admission_fields(caps
     (["deploy", "--admission-limit", "gpu-memory", "--device-memory-limit", str(90 << 30), "--gpu-memory-gib", "80"],
      "is 90 GiB, more than the 80 GiB of --gpu-memory-gib"),
     (["admission-limit", "gpu-memory", "--slots", "0"], "--slots 0: give the GPU's memory in whole GiB"),
+    (["admission-limit", "bad name/x", "--slots", "3"], "'bad name/x' is not a global concurrency limit's name"),
+    (["save-engine", "x", "--device-memory-limit", "40%", "--admission-limit", "a/b"],
+     "admission_limit='a/b' is not a Prefect global concurrency limit's name"),
+    (["save-engine", "x", "--admission-timeout", "inf", "--device-memory-limit", "40%", "--admission-limit", "g"],
+     "admission_timeout: Input should be a finite number"),
 ])
 def test_admission_arguments_the_engine_would_refuse_are_one_line_usage_errors(args, message, capsys, monkeypatch):
     from prefect_cudf_polars.blocks.backends import probe

@@ -150,3 +150,16 @@ def test_with_a_device_memory_limit_the_spill_limit_is_a_share_of_it_in_bytes():
     assert resource.options == {"upstream_mr": {"qualname": "rmm.mr.CudaAsyncMemoryResource",
                                                 "options": {"release_threshold": 8 << 30}},
                                 "allocation_limit": 8 << 30}
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "x%y", " gpu-memory", "gpu-memory "])
+def test_an_admission_limit_that_is_not_a_concurrency_limit_name_is_refused(name):
+    with pytest.raises(ValidationError, match=r"is not a Prefect global concurrency limit's name"):
+        CudfPolarsEngine(admission_limit=name, device_memory_limit="40%")
+
+
+@pytest.mark.parametrize("field", ["admission_timeout", "teardown_timeout", "dask_connect_timeout"])
+def test_a_timeout_that_is_not_finite_is_refused(field):
+    # JSON has no infinity: a saved block would hold null, which no load accepts.
+    with pytest.raises(ValidationError, match=rf"(?s){field}.*finite number"):
+        CudfPolarsEngine(**{field: float("inf")})
