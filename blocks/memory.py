@@ -63,11 +63,11 @@ SPILL_OFF_MESSAGE = (
     "the call fits) or raise device_memory_limit; or read or release (`result.release()`) results sooner."
 )
 HOST_FULL_MESSAGE = (
-    "This engine call cannot start within device_memory_limit={limit}: with every unread result moved to host "
-    "memory, the results it does not read still hold {held:,} bytes, over the held budget of {budget:,} bytes "
-    "(results other task runs are reading, or this call's own reads put back). Held: {named}. Nothing has run; a "
-    "retry of a gpu_task recomputes the inputs it claimed. Raise device_memory_limit on the CudfPolarsEngine block, "
-    "or read fewer results in one query."
+    "This engine call cannot start within device_memory_limit={limit}: it reads results from host memory, and "
+    "with every unread result moved there, its reads and the rows coming back still take {held:,} bytes, over the "
+    "held budget of {budget:,} bytes. On the engine: {named}. Nothing has run; a retry of a gpu_task recomputes "
+    "the inputs it claimed. Raise device_memory_limit on the CudfPolarsEngine block, or read fewer results in one "
+    "query."
 )
 
 
@@ -84,16 +84,16 @@ def on_engine(result: GPUResult) -> int:
     return result.bytes or 0
 
 
-def read_by(claimed: Iterable[GPUResult]) -> set[str]:
-    """The ids of the results a call reads: those it claimed and, for deferred ones, the inputs their plans hold."""
-    ids: set[str] = set()
+def read_by(claimed: Iterable[GPUResult]) -> dict[str, GPUResult]:
+    """The results a call reads, by id: those it claimed and, for deferred ones, the inputs their plans hold."""
+    found: dict[str, GPUResult] = {}
     stack = list(claimed)
     while stack:
         result = stack.pop()
-        if result.id not in ids:
-            ids.add(result.id)
+        if result.id not in found:
+            found[result.id] = result
             stack.extend(result.held_inputs)
-    return ids
+    return found
 
 
 class HostCopy:
@@ -220,7 +220,7 @@ class HeldMemory:
         while not self._room.acquire(timeout=WAIT_SLICE_S):
             pass
         try:
-            coming = [r for r in claimed if isinstance(r.persisted, HostCopy)]
+            coming = [r for r in read_by(claimed).values() if isinstance(r.persisted, HostCopy)]
             self.make_room(claimed)
             yield
             for result in coming:
@@ -261,7 +261,7 @@ class HeldMemory:
         if self.limit is None:
             return
         read = read_by(claimed)
-        incoming = sum(r.bytes or 0 for r in claimed if isinstance(r.persisted, HostCopy))
+        incoming = sum(r.bytes or 0 for r in read.values() if isinstance(r.persisted, HostCopy))
         with self._room:  # re-entered by the call that holds the room (after its result is registered)
             while True:
                 held, live = self._session.held_results()

@@ -168,10 +168,27 @@ def test_a_query_whose_reads_from_host_memory_exceed_the_budget_fails_saying_so(
     def pipeline():
         held = [execute(table(i), name=f"table-{i}") for i in range(3)]  # table-0 in host memory
         state = total(*held, return_state=True)  # three reads of 1.6 MB: over the 4.4 MB budget
-        with pytest.raises(DeviceMemoryError, match=r"(?s)with every unread result moved to host memory.*"
+        with pytest.raises(DeviceMemoryError, match=r"(?s)it reads results from host memory.*take 4,800,000 bytes, "
                            r"over the held budget of 4,400,000 bytes.*read fewer results in one query"):
             state.result()
         return collect(execute(table(5), name="later"))  # the session stays usable
 
     assert_frame_equal(pipeline(), table(5).collect())
+    assert held_partitions() == 0
+
+
+def test_a_deferred_step_over_a_result_in_host_memory_reads_it_back_in_its_readers_call():
+    @gpu_task(defer=True)
+    def doubled(r: GPUResult) -> pl.LazyFrame:
+        return r.lazy().with_columns(pl.col("v") * 2)
+
+    @flow(task_runner=CudfPolarsTaskRunner(block("host")))
+    def pipeline():
+        held = [execute(table(i), name=f"table-{i}") for i in range(4)]  # table-1 in host memory
+        out = collect(total(doubled(held[1])))
+        return out, get_engine_session().summary()["held"]["spills"]
+
+    out, spills = pipeline()
+    assert out.row(0) == (2.0 * ROWS, ROWS)
+    assert spills["back"] >= 1 and spills["back_bytes"] == spills["back"] * TABLE_BYTES
     assert held_partitions() == 0
