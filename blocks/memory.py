@@ -42,13 +42,17 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import polars as pl
+from prefect.logging.loggers import get_logger
 
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.errors import DeviceMemoryError
+from prefect_cudf_polars.blocks.results import free_claimed
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import PersistedResult
     from prefect_cudf_polars.blocks.results import GPUResult
+
+logger = get_logger("prefect_cudf_polars")
 
 #: Seconds a task's thread waits at a time for another engine call's room.
 WAIT_SLICE_S = 0.05
@@ -63,11 +67,10 @@ SPILL_OFF_MESSAGE = (
     "the call fits) or raise device_memory_limit; or read or release (`result.release()`) results sooner."
 )
 HOST_FULL_MESSAGE = (
-    "This engine call cannot start within device_memory_limit={limit}: it reads results from host memory, and "
-    "with every unread result moved there, its reads and the rows coming back still take {held:,} bytes, over the "
-    "held budget of {budget:,} bytes. On the engine: {named}. Nothing has run; a retry of a gpu_task recomputes "
-    "the inputs it claimed. Raise device_memory_limit on the CudfPolarsEngine block, or read fewer results in one "
-    "query."
+    "This engine call cannot start within device_memory_limit={limit}: with every unread result moved to host "
+    "memory, the inputs that unread deferred steps hold for their readers still take {held:,} bytes, over the held "
+    "budget of {budget:,} bytes. On the engine: {named}. Nothing has run. Read those deferred results sooner, run "
+    "their steps without defer=True, or raise device_memory_limit on the CudfPolarsEngine block."
 )
 
 
@@ -217,38 +220,56 @@ class HeldMemory:
         if self.limit is None:
             yield
             return
-        while not self._room.acquire(timeout=WAIT_SLICE_S):
-            pass
+        self._enter_room()
         try:
             coming = [r for r in read_by(claimed).values() if isinstance(r.persisted, HostCopy)]
-            self.make_room(claimed)
+            try:
+                self.make_room(claimed)
+            except BaseException:
+                free_claimed(claimed)  # refused before the engine call: what the call claimed is freed, as after one
+                raise
             yield
             for result in coming:
                 self._count(result, "back", None)
         finally:
             self._room.release()
 
+    def _enter_room(self) -> None:
+        """Take the room, waiting in slices (an exception Prefect injects into the task's thread ends the wait)."""
+        while not self._room.acquire(timeout=WAIT_SLICE_S):
+            pass
+
     def start(self, limit: int | None, ranks: int) -> None:
         """The engine started: its ``device_memory_limit`` in bytes per rank (``None``: none) and its ranks."""
         self.limit, self.ranks = limit, max(ranks, 1)
 
-    def note_held(self) -> None:
-        """After an engine call: with ``spill="host"``, move results until the held fit the budget; keep the peak."""
+    def note_held(self, fresh: GPUResult) -> None:
+        """
+        After an engine call produced ``fresh``: keep the peak; with ``spill="host"``, move older results until
+        the held fit the budget (best effort: a failure to move is logged; interrupted, ``fresh`` is released).
+        """
         if self.limit is None:
             return
-        if self.spill == "host":
-            self.make_room((), refuse=False)
         total = sum(map(on_engine, self._session.held_results()[0]))
         with self._lock:
             self.peak_held = max(self.peak_held, total)
+        if self.spill == "host":
+            try:
+                self.make_room((), keep=fresh, refuse=False)
+            except Exception as exc:
+                logger.warning("cudf-polars could not move a result to host memory after %r was produced: %s: %s",
+                               fresh.name, type(exc).__name__, exc)
+            except BaseException:  # interrupted (a task's timeout): the new result is not handed out
+                fresh.release()
+                raise
 
-    def make_room(self, claimed: Iterable[GPUResult], *, refuse: bool = True) -> None:
+    def make_room(self, claimed: Iterable[GPUResult], *, keep: GPUResult | None = None, refuse: bool = True) -> None:
         """
         Before an engine call that reads the results ``claimed`` (and what they hold): keep the others within budget.
 
-        When it reads results in host memory, those come back as it runs: then its reads, and those bytes,
-        must fit the budget too. ``refuse=False`` (after a call) moves what it can and raises nothing when that
-        is not enough.
+        Results it reads from host memory come back as it runs, as working memory like its other reads.
+        ``keep`` is counted but not moved (the result a call just produced). ``refuse=False`` (after a call)
+        moves what it can and raises nothing when that is not enough.
 
         Raises
         ------
@@ -261,23 +282,25 @@ class HeldMemory:
         if self.limit is None:
             return
         read = read_by(claimed)
-        incoming = sum(r.bytes or 0 for r in read.values() if isinstance(r.persisted, HostCopy))
-        with self._room:  # re-entered by the call that holds the room (after its result is registered)
+        self._enter_room()  # re-entered by the call that holds the room (after its result is registered)
+        try:
             while True:
                 held, live = self._session.held_results()
                 largest = max(((r.bytes or 0) // max(r.partitions, 1) for r in held if r.persisted is not None),
                               default=0)
                 budget = self.ranks * held_budget(self.limit, largest)
-                # Held: the unread results; with rows coming back, this call's reads on the engine as well.
-                others = [r for r in live if r.id not in read and on_engine(r)]
-                others += [r for r in held if r.id in read and on_engine(r)] if incoming else []
-                total = sum(map(on_engine, others)) + incoming
+                # Held: the unread results, and the inputs unread deferred results hold for their readers.
+                others = list({r.id: r for d in live if d.id not in read for r in read_by((d,)).values()
+                               if on_engine(r)}.values())
+                total = sum(map(on_engine, others))
                 if total <= budget:
                     return
-                movable = [r for r in live if r.id not in read and not r.deferred and on_engine(r)]
+                movable = [r for r in live if r.id not in read and not r.deferred and on_engine(r) and r is not keep]
                 if self.spill != "host" or not movable:
                     break
                 self._move_out(movable[0])  # the least recently produced; another task may have claimed it meanwhile
+        finally:
+            self._room.release()
         if refuse:
             raise DeviceMemoryError(self._refusal(others, live, total, budget))
 
@@ -302,7 +325,12 @@ class HeldMemory:
             self._session.free(persisted)  # what the read left
             return HostCopy(frame, persisted.ranks, time.perf_counter() - started)
 
-        if (copy := result.move(out)) is not None:
+        try:
+            copy = result.move(out)
+        except BaseException:  # the move failed or was interrupted: the rows may have left the engine unkept
+            result.release()  # a reader is told it was released, not a misleading second-read error
+            raise
+        if copy is not None:
             self._count(result, "out", copy.out_seconds)  # type: ignore[attr-defined]
 
     def _count(self, result: GPUResult, way: str, seconds: float | None) -> None:

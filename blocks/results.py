@@ -283,7 +283,7 @@ class GPUResult:
         return len(self.ranks)
 
     # ---- reading -------------------------------------------------------------
-    def check_readable(self, reader: ResultOwner | None = None) -> None:
+    def check_readable(self, reader: ResultOwner | None = None, *, run: RunIdentity | None = None) -> None:
         """
         Raise if this result cannot be read now; claim nothing.
 
@@ -291,6 +291,8 @@ class GPUResult:
         ----------
         reader : EngineSession, optional
             The session of the task about to read it (the task's engine call checks).
+        run : RunIdentity, optional
+            The run that would read it (default: the one here).
 
         Raises
         ------
@@ -301,7 +303,7 @@ class GPUResult:
         WrongEngineError
             If ``reader`` is another session than the one that produced it.
         """
-        self._check(current_run(), reader)
+        self._check(run or current_run(), reader)
 
     def _check(self, run: RunIdentity, reader: ResultOwner | None) -> None:
         if self._state == "released":
@@ -468,10 +470,9 @@ class GPUResult:
         tombstone : EndedSession
             What is left of the session.
         drop : bool
-            Let go of the partitions (without calling the engine: its shutdown
-            closed the stores), the plan, the held inputs and the lineage.
-            False when the engine stopped answering: the session's queued
-            teardown frees them on the engine's thread if it answers.
+            Let go of the partitions (without calling the engine: its shutdown closed the stores), the
+            plan, the held inputs and the lineage. False when the engine stopped answering: the session's
+            queued teardown frees them on the engine's thread if it answers.
         """
         with self._lock:
             self._owner = tombstone

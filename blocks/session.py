@@ -7,19 +7,15 @@ The engine session: one flow run's scope, its results and every rule of its life
    inputs against the task's session first (``WrongEngineError``); a first claim is counted here
    (:meth:`EngineSession.claimed`), a second raises ``ResultConsumedError``.
 3. **Everything is released when the session ends**, however it ends (return, exception,
-   ``TerminationSignal``): :meth:`EngineSession.close` marks every live result released and shuts
-   the engine down once on its owner thread, within the block's ``teardown_timeout`` (3 s while the
-   flow run is being stopped: a Prefect process worker checks every 3 s whether the run's processes
-   are gone). Every handle then lets go of what it held, so the engine and its memory resource are
-   freed by the time ``close`` returns (on Ray the results are released before the shutdown). The
-   last session SIGTERM ends, on an engine of its own, also reaps multiprocessing's resource tracker.
-4. **The engine opens at the first GPU call**; one that cannot start fails that task run, and every
-   later GPU call of the run raises the same error.
-5. **Subflows** share the parent's engine host when their blocks are equal
-   (:mod:`~prefect_cudf_polars.blocks.nesting`); sessions do not nest within a flow run.
-6. **A session left open at interpreter exit** is closed then, with one warning
-   (:mod:`~prefect_cudf_polars.blocks.exits`); what Prefect is told is
-   :mod:`~prefect_cudf_polars.blocks.telemetry`'s.
+   ``TerminationSignal``): :meth:`EngineSession.close` marks every live result released and shuts the
+   engine down once on its owner thread, within the block's ``teardown_timeout`` (3 s while the flow
+   run is being stopped: a Prefect process worker checks every 3 s whether its processes are gone);
+   the engine and its memory resource are freed by the time ``close`` returns (on Ray the results are
+   released first). The last session SIGTERM ends also reaps multiprocessing's resource tracker.
+4. **The engine opens at the first GPU call**; one that cannot start fails that task run and every
+   later GPU call of the run. **Subflows** share the parent's engine host when their blocks are equal
+   (:mod:`~prefect_cudf_polars.blocks.nesting`). **A session left open at interpreter exit** is closed
+   then, with one warning (:mod:`~prefect_cudf_polars.blocks.exits`).
 """
 
 from __future__ import annotations
@@ -386,15 +382,20 @@ class EngineSession:
         fused = fused_steps(claimed)
         prepared = partial(prepare_result, optimized=kind == "execute" and self.block.result_artifacts)
         planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed
+        scanned: list[GPUResult] = []  # the results whose frames the plan scans
 
-        def after() -> None:  # free what the claimed inputs and the result frames the plan scanned still hold
+        def plan(query: pl.LazyFrame) -> Any:  # a frame an earlier query read is refused, as cudf-polars would
+            outcome = prepared(query)
             with self._lock:
-                scanned = scanned_by(self._all, planned[0][1][0] if planned else "")
-            free_claimed([*claimed, *scanned])
+                scanned.extend(scanned_by(self._all, outcome[1][0]))
+            for result in (r for r in scanned if not r.holding):
+                result.check_readable(run=run)
+            planned.append(outcome)
+            return outcome
 
         try:
-            out = host.call_engine(kind, lf, plan=lambda query: planned.append(prepared(query)) or planned[0],
-                                   after=after, env=environment, on_late=on_late)
+            out = host.call_engine(kind, lf, plan=plan, after=lambda: free_claimed([*claimed, *scanned]),
+                                   env=environment, on_late=on_late)
         except Exception as exc:
             if not planned:  # refused while planning (polars' error, or ours): nothing ran, nothing to translate
                 raise
@@ -474,7 +475,7 @@ class EngineSession:
             result.release()
             raise SessionError(self.ended_message())
         self._telemetry.result_created(result, plan, memory, engine_plan, reads)
-        self.held.note_held()
+        self.held.note_held(result)
         return result
 
     # ---- what results ask of their session (ResultOwner) ---------------------------
