@@ -29,7 +29,7 @@ from prefect_cudf_polars.blocks import active
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine, load_engine_block
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.session import EngineSession
-from prefect_cudf_polars.blocks.telemetry import NOT_STARTED_LINE, logger
+from prefect_cudf_polars.blocks.telemetry import INTERRUPTED_LINE, NOT_STARTED_LINE, logger
 
 
 class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
@@ -82,6 +82,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         self.session: EngineSession | None = None
         self._open_lock = threading.Lock()
         self._open_error: BaseException | None = None
+        self._interrupted = False  # an engine start was interrupted (a task's timeout, Ctrl-C, a cancellation)
         self._token: Any = None
         self._parent: Any = None
         self._flow_run: Any = None
@@ -142,6 +143,9 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                     except Exception as exc:  # an interruption (a task's timeout) is not kept: the next call tries again
                         self._open_error = exc
                         raise
+                    except BaseException:
+                        self._interrupted = True
+                        raise
                 session = self.session
         if session.closed:
             raise SessionError(session.ended_message())
@@ -166,22 +170,23 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                 if self.session is not None:
                     self.session.close(terminating=terminating)
                 elif self._open_error is None:
-                    self._say_not_started()
+                    self._say_not_started(NOT_STARTED_LINE if not self._interrupted else INTERRUPTED_LINE)
             finally:
                 if self._token is not None:
                     active.leave(self._token, self)
                 # What an ended flow run leaves here holds nothing of its engine.
                 self._token = self._parent = self._flow_run = self._open_error = self.session = None
+                self._interrupted = False
 
-    def _say_not_started(self) -> None:
-        """One line for a flow run that ran no GPU task: its log if a task was submitted, else the console."""
+    def _say_not_started(self, line: str) -> None:
+        """One line for a flow run whose engine never started: its log if a task was submitted, else the console."""
         if self._flow_run is not None:
             from prefect.logging.loggers import flow_run_logger
 
             flow_run, flow = self._flow_run
-            flow_run_logger(flow_run=flow_run, flow=flow).info(NOT_STARTED_LINE)
+            flow_run_logger(flow_run=flow_run, flow=flow).info(line)
         else:
-            logger.info(NOT_STARTED_LINE, extra={"send_to_api": False})
+            logger.info(line, extra={"send_to_api": False})
 
     def __eq__(self, value: object) -> bool:
         same_type = isinstance(value, CudfPolarsTaskRunner)
@@ -189,7 +194,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for name in ("session", "_open_lock", "_open_error", "_token", "_parent", "_flow_run"):
+        for name in ("session", "_open_lock", "_open_error", "_interrupted", "_token", "_parent", "_flow_run"):
             state[name] = None
         return state
 

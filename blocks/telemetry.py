@@ -71,6 +71,10 @@ SUMMARY_RESULTS = 500
 NOT_STARTED_LINE = (
     "cudf-polars engine not started: no GPU task ran in this flow run (the engine starts at the first GPU task)"
 )
+INTERRUPTED_LINE = (
+    "cudf-polars engine not started: its start was interrupted (a task's timeout, Ctrl-C or a cancellation), "
+    "while it waited for admission slots or while the engine started; nothing of it is held"
+)
 TEARDOWN_WARNING = (
     "cudf-polars engine session teardown %s: the engine did not answer. A Prefect process worker cancels a "
     "flow run with SIGTERM to its whole process group, an owned Dask or Ray cluster included, so the "

@@ -318,7 +318,7 @@ def test_a_session_that_waits_past_its_admission_timeout_fails_and_its_log_says_
     assert not owner_threads()
 
 
-def test_a_session_whose_caller_stops_waiting_for_slots_stops_asking_and_holds_nothing(orders):
+def test_a_session_whose_caller_stops_waiting_for_slots_stops_asking_and_holds_nothing(orders, caplog):
     from prefect.concurrency.sync import concurrency
 
     name = new_limit(6)
@@ -334,6 +334,8 @@ def test_a_session_whose_caller_stops_waiting_for_slots_stops_asking_and_holds_n
         wait_until(lambda: not owner_threads(), REQUEST_SLICE_S + 30, "the abandoned session's wait to end")
         assert active_slots(name) == 4  # the holder's only
     assert active_slots(name) == 0
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cudf-polars engine not started")]
+    assert said and all(m.startswith("cudf-polars engine not started: its start was interrupted") for m in said), said
 
 
 @pytest.mark.timeout(300)
