@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -59,6 +60,22 @@ def four_gib_block(limit: str, **fields) -> CudfPolarsEngine:
 
 def owner_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("cudf-polars-engine-owner")]
+
+
+def in_threads(run_flow: Callable[[int], object], count: int, name: str) -> tuple[list[threading.Thread], dict]:
+    """Start ``run_flow(i)`` for each ``i < count`` on a thread of its own; the dict gets each one's return or exception."""
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = run_flow(i)
+        except BaseException as exc:  # reported by the caller's assertions
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"{name}-{i}") for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads, results
 
 
 class Lines(logging.Handler):
@@ -123,17 +140,7 @@ def test_three_flow_runs_of_4_gib_under_a_10_slot_limit_never_run_three_engines_
                 mark("ended", i)
             return rows
 
-    results: dict[int, object] = {}
-
-    def run(i: int) -> None:
-        try:
-            results[i] = admitted_run(i)
-        except BaseException as exc:  # reported by the assertions below
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,), name=f"admitted-run-{i}") for i in range(3)]
-    for t in threads:
-        t.start()
+    threads, results = in_threads(admitted_run, 3, "admitted-run")
     try:
         # Two engines run; the third flow run has written its waiting line and is not admitted.
         wait_until(lambda: sum(k == "started" for k, _ in marks) >= 2 and lines.count(waiting_line) == 3,
@@ -171,17 +178,7 @@ def test_two_flow_runs_of_half_a_gpu_of_non_whole_gib_run_at_once_under_the_limi
             both_admitted.wait()  # each engine runs until the other one has started too
             return rows
 
-    results: dict[int, object] = {}
-
-    def run(i: int) -> None:
-        try:
-            results[i] = half_gpu_run(i)
-        except BaseException as exc:  # reported by the assertion below
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,), name=f"half-gpu-run-{i}") for i in range(2)]
-    for t in threads:
-        t.start()
+    threads, results = in_threads(half_gpu_run, 2, "half-gpu-run")
     for t in threads:
         t.join(180)
     assert results == {0: 1000, 1: 1000}, results
