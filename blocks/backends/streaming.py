@@ -21,7 +21,7 @@ import polars as pl
 from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank, restore_environment_on_rank
-from prefect_cudf_polars.blocks.backends.probe import count_gpus, memory_total
+from prefect_cudf_polars.blocks.backends.probe import count_gpus, gpu_memory_bytes, memory_total
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -166,8 +166,10 @@ class StreamingRunningEngine(RunningEngine):
 
 def limited_engine_kwargs(block: CudfPolarsEngine, limit: int | None) -> dict[str, Any]:
     """``block.engine_kwargs`` with ``limit`` (bytes), the GPU's memory and the host memory per GPU read here."""
+    if limit is None:  # nothing to size: no probe at the engine's start
+        return block.engine_kwargs()
     host, gpus = memory_total("cpu"), count_gpus()[0]
-    return block.engine_kwargs(limit, device_total=memory_total("spmd"), host_total=host and host // max(gpus, 1))
+    return block.engine_kwargs(limit, device_total=gpu_memory_bytes(), host_total=host and host // max(gpus, 1))
 
 
 def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> StreamingRunningEngine:
