@@ -38,13 +38,13 @@ SUBPROCESS_BACKENDS = [
 @contextlib.contextmanager
 def process_worker_deployment(
     pool: str, *, flow_name: str, entrypoint: str, folder: Path, parameters: dict[str, Any],
-    env: dict[str, str], log: Path,
+    env: dict[str, str], log: Path, worker_limit: int = 1,
 ) -> Iterator[subprocess.Popen]:
     """
     A process work pool ``pool`` with one deployment (also named ``pool``) and a worker serving it.
 
     The deployment runs ``entrypoint`` (``file.py:function``) from ``folder`` with
-    ``parameters``. The worker runs one flow run at a time, with ``env``, its output
+    ``parameters``. The worker runs ``worker_limit`` flow runs at a time, with ``env``, its output
     going to ``log``. It is stopped on exit, and its process tree must be gone a second
     later (an ``AssertionError`` otherwise).
     """
@@ -62,7 +62,7 @@ def process_worker_deployment(
             parameters=parameters,
         )
     worker = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "1"],
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", str(worker_limit)],
         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
     )
     try:

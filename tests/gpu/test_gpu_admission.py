@@ -1,0 +1,114 @@
+"""
+Flow runs share one GPU by bytes: four flow runs of one deployment, each limited to 40 GiB, admitted through a 130-slot limit.
+
+A process worker (``--limit 4``) runs four flow runs of one deployment at once; each opens
+a ``spmd`` session with ``device_memory_limit`` 40 GiB and ``admission_limit`` naming a
+130-slot global concurrency limit, so each holds 40 slots: three run together and the fourth
+waits until one of them has closed its session. Each holds fourteen 2 GB results. All four
+complete with the right sums; the CUDA driver's used device memory (``nvidia-smi``, sampled
+every 0.2 s) stays under its figure before the runs plus three limits plus three times the
+device memory a process holds outside rmm (its CUDA context, measured in each flow run before
+its engine starts); each flow process holds within 256 MiB of that context figure once its
+session has closed, and the limit's slots are back to 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from nvidia_smi import device_memory_used_mib
+from process_worker import process_worker_deployment
+from processes import wait_until
+
+pytestmark = pytest.mark.gpu
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+RUNS = 4
+SLOTS = 130
+LIMIT_MIB = 40 * 1024
+AFTER_SLACK_MIB = 256
+
+
+class Sampler(threading.Thread):
+    """Reads ``nvidia-smi``'s memory.used (MiB) and the limit's active slots every 0.2 s until stopped."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(name="gpu-admission-sampler", daemon=True)
+        self.limit, self.api, self.done = limit, PREFECT_API_URL.value(), threading.Event()
+        self.peak_mib, self.max_slots = 0, 0
+
+    def run(self) -> None:
+        with temporary_settings(updates={PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            while not self.done.is_set():
+                self.peak_mib = max(self.peak_mib, device_memory_used_mib()[0])
+                self.max_slots = max(self.max_slots, client.read_global_concurrency_limit_by_name(self.limit).active_slots)
+                self.done.wait(0.2)
+
+
+@pytest.mark.timeout(600)
+def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot_limit(tmp_path, record_property):
+    from prefect.deployments import run_deployment
+
+    limit = f"gpu-memory-{uuid.uuid4().hex[:12]}"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=SLOTS))
+    before_mib = device_memory_used_mib()[0]
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    pool = f"gpu-admission-{uuid.uuid4().hex[:8]}"
+    sampler = Sampler(limit)
+    with process_worker_deployment(
+        pool, flow_name="hold-gpu-memory", entrypoint="held_gpu_memory.py:hold_gpu_memory", folder=SCRIPTS,
+        parameters={"evidence": str(tmp_path), "limit": limit}, env=env, log=tmp_path / "worker.log",
+        worker_limit=RUNS,
+    ) as worker:
+        sampler.start()
+        runs = [run_deployment(f"hold-gpu-memory/{pool}", timeout=0) for _ in range(RUNS)]
+        try:
+            wait_until(lambda: len(list(tmp_path.glob("*.json"))) == RUNS or worker.poll() is not None, 540,
+                       "four flow runs to write their figures")
+        finally:
+            sampler.done.set()
+            sampler.join()
+        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-6000:]
+        with get_client(sync_client=True) as client:
+            wait_until(lambda: all(client.read_flow_run(r.id).state.is_final() for r in runs), 120,
+                       "the flow runs' final states")
+            states = [client.read_flow_run(r.id).state for r in runs]
+            slots_after = client.read_global_concurrency_limit_by_name(limit).active_slots
+    assert all(s.is_completed() for s in states), [(s.type, s.message) for s in states]
+    facts = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")), key=lambda f: f["admitted"])
+    for f in facts:
+        assert f["sums"] == [[(2 * i + 1) * 125_000_000.0, 250_000_000] for i in range(0, 14, 2)]
+    waits = [f["timings"]["admission_wait_s"] for f in facts]
+    last = facts[-1]
+    first_end = min(f["ended"] for f in facts[:-1])
+    at_once = max(sum(f["admitted"] <= t < f["ended"] for f in facts) for t in (f["admitted"] for f in facts))
+    context_mib = max(f["own_mib_with_context"] or 0 for f in facts)
+    bound_mib = before_mib + 3 * (LIMIT_MIB + context_mib)
+    for key, value in {
+        "admission_wait_s": waits, "driver_peak_mib": sampler.peak_mib, "driver_before_mib": before_mib,
+        "bound_mib": bound_mib, "max_active_slots": sampler.max_slots, "context_mib": [f["own_mib_with_context"] for f in facts],
+        "own_mib_holding": [f["own_mib_holding"] for f in facts], "own_mib_after": [f["own_mib_after"] for f in facts],
+        "peak_held": [f["held"]["peak_held"] for f in facts], "rmm_peak": [f["rmm_peak_bytes"] for f in facts],
+        "spills": [f["held"]["spills"] for f in facts], "seconds": [round(f["ended"] - f["started"], 1) for f in facts],
+    }.items():
+        record_property(key, json.dumps(value))
+    assert at_once == 3 and sampler.max_slots <= 3 * 40, (at_once, sampler.max_slots)
+    assert last["admitted"] >= first_end and last["timings"]["admission_wait_s"] > 1.0, (last, first_end)
+    assert sampler.peak_mib <= bound_mib, f"driver peak {sampler.peak_mib} MiB, bound {bound_mib} MiB"
+    for f in facts:
+        if f["own_mib_with_context"] is not None:  # nvidia-smi lists the process by this pid
+            assert f["own_mib_after"] - f["own_mib_with_context"] <= AFTER_SLACK_MIB, f
+    assert slots_after == 0
+    wait_until(lambda: device_memory_used_mib()[0] <= before_mib + AFTER_SLACK_MIB, 60,
+               "the GPU's memory back to its figure before the runs")
