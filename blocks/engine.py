@@ -37,6 +37,7 @@ Developer notes
 from __future__ import annotations
 
 import contextlib
+import gc
 import queue
 import threading
 import time
@@ -110,6 +111,7 @@ class EngineHost:
         self.admission_seconds = 0.0
         self._admitted = ExitStack()  # the admission slots: given back after the engine's stack
         self.start_seconds = self.shutdown_seconds = 0.0
+        self._failed_call = False  # an engine call raised: collect garbage at the close
         self._stack = ExitStack()
         self._ended = ended
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -326,6 +328,9 @@ class EngineHost:
                     flags, planned = plan(lf)
                     started = time.perf_counter()
                     value = getattr(running, kind)(lf, flags)
+            except BaseException:
+                self._failed_call = True
+                raise
             finally:
                 after()
             seconds = time.perf_counter() - started
@@ -416,6 +421,11 @@ class EngineHost:
                 self._stack.close()
             finally:
                 self.running = None  # freed here, on the thread that created it
+                if self._failed_call:
+                    # Objects of the engine held only by reference cycles (an exception and the frames
+                    # that caught it, inside a failed query) would keep device memory, and the memory
+                    # resource that owns it, until the interpreter's next collection: collect them now.
+                    gc.collect()
                 self.shutdown_seconds = time.perf_counter() - started
                 self._admitted.close()  # the slots, once the engine and its memory resource are gone
 

@@ -1,10 +1,10 @@
 """
 A device memory limit on a real GPU (``spmd``): held results past it spill to host memory or fail clearly.
 
-A pipeline loads eight 500 MB tables as results under ``device_memory_limit=4 GB`` (a held
-budget of 3.2 GB): with ``spill_results="host"`` the oldest unread ones move to host memory,
+A pipeline loads twenty 200 MB tables as results under ``device_memory_limit=4 GB`` (a held
+budget of 3.2 GB; loading a table from host memory takes about twice its size on the device): with ``spill_results="host"`` the oldest unread ones move to host memory,
 come back when read, and the sums equal the same queries on polars' CPU engine; with
-``"off"`` the eighth load fails naming the seven held. A single result past the limit fails
+``"off"`` the load that does not fit fails naming the results held. A single result past the limit fails
 as out of memory (rmm's ``LimitingResourceAdaptor``) while the rest of the GPU is free. By
 the time each flow call returns, the CUDA driver's used device memory (``cudaMemGetInfo``)
 is within 256 MiB of its figure before the flow run (after a first flow run in the process
@@ -23,9 +23,9 @@ from prefect_cudf_polars.tasks import DeviceMemoryError, GPUResult, collect, exe
 
 pytestmark = pytest.mark.gpu
 
-ROWS = 31_250_000  # int64 and float64 columns: 500,000,000 bytes a table
+ROWS = 12_500_000  # int64 and float64 columns: 200,000,000 bytes a table
 LIMIT = 4_000_000_000
-TABLES = 8
+TABLES = 20
 #: Bytes the driver's figure may stay above its figure before a flow run, once the flow call returns.
 DRIVER_SLACK = 256 * 2**20
 
@@ -63,13 +63,15 @@ def warm():
     pipeline("host")
 
 
-def test_results_past_the_limit_move_to_host_memory_and_equal_polars(warm):
+def test_results_past_the_limit_move_to_host_memory_and_equal_polars(warm, record_property):
     before = driver_used()
     sums, summary = pipeline("host")
     after = driver_used()
     for i, got in zip(range(0, TABLES, 2), sums):
         assert got.row(0) == ((2 * i + 1) * float(ROWS), 2 * ROWS)
     held = summary["held"]
+    record_property("spills", held["spills"])
+    record_property("driver_before_after", [before, after])
     assert held["limit"] == LIMIT and held["spills"]["results"] >= 1 and held["spills"]["back"] >= 1
     assert held["peak_held"] <= LIMIT
     assert summary["counts"]["released_unconsumed"] == 0
@@ -87,11 +89,16 @@ def test_with_spill_off_the_load_the_held_results_leave_no_room_for_fails_naming
 def test_a_result_past_the_limit_fails_as_out_of_memory_while_the_gpu_is_free(warm):
     @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=1_000_000_000)))
     def one_big_result():
-        state = execute(pl.concat([table(i) for i in range(3)]), name="too-big", return_state=True)  # 1.5 GB
+        state = execute(pl.concat([table(i) for i in range(6)]), name="too-big", return_state=True)  # 1.2 GB
         with pytest.raises(DeviceMemoryError, match=r"(?s)ran out of device memory.*device_memory_limit"):
             state.result()
         return collect(execute(table(1), name="fits")).height  # the session stays usable
 
     before = driver_used()
     assert one_big_result() == ROWS
-    assert driver_used() - before <= DRIVER_SLACK
+    if (over := driver_used() - before) > DRIVER_SLACK:
+        import gc
+
+        gc.collect()
+        pytest.fail(f"driver: {over:,} bytes over its figure before the flow run as the flow call returned, "
+                    f"{driver_used() - before:,} after gc.collect()")
