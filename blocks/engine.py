@@ -111,7 +111,7 @@ class EngineHost:
         self.admission_seconds = 0.0
         self._admitted = ExitStack()  # the admission slots: given back after the engine's stack
         self.start_seconds = self.shutdown_seconds = 0.0
-        self._failed_call = False  # an engine call raised: collect garbage at the close
+        self._failed_call = False  # a call on the owner thread raised: collect garbage at the close
         self._stack = ExitStack()
         self._ended = ended
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -193,6 +193,7 @@ class EngineHost:
                 try:
                     future.set_result(fn(*args))  # runs on_late here, before the next call
                 except BaseException as exc:
+                    self._failed_call = True
                     future.set_exception(exc)
             del item, future, fn, args
 
@@ -328,9 +329,6 @@ class EngineHost:
                     flags, planned = plan(lf)
                     started = time.perf_counter()
                     value = getattr(running, kind)(lf, flags)
-            except BaseException:
-                self._failed_call = True
-                raise
             finally:
                 after()
             seconds = time.perf_counter() - started
@@ -421,12 +419,12 @@ class EngineHost:
                 self._stack.close()
             finally:
                 self.running = None  # freed here, on the thread that created it
+                self.shutdown_seconds = time.perf_counter() - started
                 if self._failed_call:
                     # Objects of the engine held only by reference cycles (an exception and the frames
-                    # that caught it, inside a failed query) would keep device memory, and the memory
-                    # resource that owns it, until the interpreter's next collection: collect them now.
+                    # that caught it, inside a failed query or move) would keep device memory, and the
+                    # memory resource that owns it, until the interpreter's next collection: collect them.
                     gc.collect()
-                self.shutdown_seconds = time.perf_counter() - started
                 self._admitted.close()  # the slots, once the engine and its memory resource are gone
 
 

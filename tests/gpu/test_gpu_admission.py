@@ -5,11 +5,13 @@ A process worker (``--limit 4``) runs four flow runs of one deployment at once; 
 a ``spmd`` session with ``device_memory_limit`` 40 GiB and ``admission_limit`` naming a
 130-slot global concurrency limit, so each holds 40 slots: three run together and the fourth
 waits until one of them has closed its session. Each holds fourteen 2 GB results. All four
-complete with the right sums; the CUDA driver's used device memory (``nvidia-smi``, sampled
-every 0.2 s) stays under its figure before the runs plus three limits plus three times the
-device memory a process holds outside rmm (its CUDA context, measured in each flow run before
-its engine starts); each flow process holds within 256 MiB of that context figure once its
-session has closed, and the limit's slots are back to 0.
+complete with the right sums; the limit's active slots (sampled every 0.2 s) reach 120 and
+never more, and the runs' own times show three holding slots at once and the fourth, started
+with the others, admitted after one of them had closed its session. The CUDA driver's used
+device memory (``nvidia-smi``, sampled every 0.2 s) stays under its figure before the runs plus
+three limits plus three times the device memory a process holds outside rmm (its CUDA context,
+measured in each flow run before its engine starts); each flow process holds within 256 MiB of
+that context figure once its session has closed, and the limit's slots are back to 0.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import uuid
 
 import pytest
@@ -44,17 +45,28 @@ class Sampler(threading.Thread):
     def __init__(self, limit: str) -> None:
         super().__init__(name="gpu-admission-sampler", daemon=True)
         self.limit, self.api, self.done = limit, PREFECT_API_URL.value(), threading.Event()
-        self.peak_mib, self.max_slots = 0, 0
+        self.peak_mib, self.max_slots, self.error = 0, 0, None
 
     def run(self) -> None:
-        with temporary_settings(updates={PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
-            while not self.done.is_set():
-                self.peak_mib = max(self.peak_mib, device_memory_used_mib()[0])
-                self.max_slots = max(self.max_slots, client.read_global_concurrency_limit_by_name(self.limit).active_slots)
-                self.done.wait(0.2)
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+                while not self.done.is_set():
+                    self.peak_mib = max(self.peak_mib, device_memory_used_mib()[0])
+                    self.max_slots = max(self.max_slots,
+                                         client.read_global_concurrency_limit_by_name(self.limit).active_slots)
+                    self.done.wait(0.2)
+        except BaseException as exc:  # re-raised by stop()
+            self.error = exc
+
+    def stop(self) -> None:
+        """Stop sampling; raise what the sampling raised."""
+        self.done.set()
+        self.join()
+        if self.error is not None:
+            raise self.error
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(590)
 def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot_limit(tmp_path, record_property):
     from prefect.deployments import run_deployment
 
@@ -73,16 +85,18 @@ def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot
     ) as worker:
         sampler.start()
         runs = [run_deployment(f"hold-gpu-memory/{pool}", timeout=0) for _ in range(RUNS)]
-        try:
-            wait_until(lambda: len(list(tmp_path.glob("*.json"))) == RUNS or worker.poll() is not None, 540,
-                       "four flow runs to write their figures")
-        finally:
-            sampler.done.set()
-            sampler.join()
-        assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-6000:]
         with get_client(sync_client=True) as client:
-            wait_until(lambda: all(client.read_flow_run(r.id).state.is_final() for r in runs), 120,
-                       "the flow runs' final states")
+
+            def ended() -> bool:
+                """All four ended, or one failed, or the worker exited."""
+                done = [s for r in runs if (s := client.read_flow_run(r.id).state).is_final()]
+                return len(done) == RUNS or any(not s.is_completed() for s in done) or worker.poll() is not None
+
+            try:
+                wait_until(ended, 420, "four flow runs to end")
+            finally:
+                sampler.stop()
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-6000:]
             states = [client.read_flow_run(r.id).state for r in runs]
             slots_after = client.read_global_concurrency_limit_by_name(limit).active_slots
     assert all(s.is_completed() for s in states), [(s.type, s.message) for s in states]
@@ -103,12 +117,11 @@ def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot
         "spills": [f["held"]["spills"] for f in facts], "seconds": [round(f["ended"] - f["started"], 1) for f in facts],
     }.items():
         record_property(key, json.dumps(value))
-    assert at_once == 3 and sampler.max_slots <= 3 * 40, (at_once, sampler.max_slots)
-    assert last["admitted"] >= first_end and last["timings"]["admission_wait_s"] > 1.0, (last, first_end)
+    assert at_once == 3 and sampler.max_slots == 3 * 40, (at_once, sampler.max_slots)
+    # The fourth began before any other ended, and was admitted only after one had given its slots back.
+    assert last["started"] < first_end <= last["admitted"], (last, first_end)
     assert sampler.peak_mib <= bound_mib, f"driver peak {sampler.peak_mib} MiB, bound {bound_mib} MiB"
-    for f in facts:
-        if f["own_mib_with_context"] is not None:  # nvidia-smi lists the process by this pid
+    for f in facts:  # None where nvidia-smi lists processes by PIDs of another namespace
+        if f["own_mib_with_context"] is not None:
             assert f["own_mib_after"] - f["own_mib_with_context"] <= AFTER_SLACK_MIB, f
     assert slots_after == 0
-    wait_until(lambda: device_memory_used_mib()[0] <= before_mib + AFTER_SLACK_MIB, 60,
-               "the GPU's memory back to its figure before the runs")

@@ -141,7 +141,7 @@ def test_engine_lives_and_dies_on_the_owner_thread(spmd, big, monkeypatch):
     assert len(threads) == 1 and threads[0].startswith("cudf-polars-engine-owner")
 
 
-def test_second_read_is_result_consumed_error_not_an_exception_group(spmd, big):
+def test_a_frame_collected_twice_is_refused_before_the_engine_runs_with_result_consumed_error(spmd, big):
     with spmd.session() as session:
         r = session.execute(pl.scan_parquet(big).head(10))
         lf = r.lazy()

@@ -3,7 +3,8 @@ An ended session gives its memory back without Python's garbage collector.
 
 CPU: with automatic garbage collection off, an ended session (a ``with block.session():`` or a
 flow run's) and the cpu backend's engine and store are freed by reference counting alone; the
-result handles its caller or Prefect still keeps are released and hold nothing.
+result handles its caller or Prefect still keeps are released and hold nothing. Objects a failed
+query left in reference cycles are collected when the session ends.
 
 GPU (``spmd``): four flow runs in one process (``scripts/sessions_in_one_process.py``, a
 process of its own with automatic collection off), each leaving two 1.6 GB results
@@ -30,7 +31,7 @@ import pytest
 from prefect import flow
 from prefect.settings import PREFECT_API_URL
 
-from prefect_cudf_polars.blocks import CudfPolarsTaskRunner, get_engine_session, telemetry
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session, telemetry
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.tasks import GPUResult, collect, execute
 
@@ -101,6 +102,35 @@ def test_an_ended_session_and_its_engine_are_freed_by_reference_counting_and_kep
     assert summary["memory"] == {"at_start": 0, "at_end": pl.read_parquet(orders).estimated_size()}
     assert summary["teardown"] == "complete"
     assert summary["shutdown_thread"].startswith("cudf-polars-engine-owner-")
+
+
+class Cycle:
+    """An object that refers to itself: freed only by the garbage collector."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_what_a_failed_query_left_in_reference_cycles_is_freed_when_its_session_ends(orders):
+    left: list[weakref.ref] = []
+
+    def fails(df: pl.DataFrame) -> pl.DataFrame:  # as a failing GPU query leaves objects in cycles
+        left.append(weakref.ref(Cycle()))
+        raise ValueError("the query failed")
+
+    block = CudfPolarsEngine(backend="cpu", raise_on_fail=False)  # a Python function runs in the query
+    with block.session() as first:
+        first.execute(pl.scan_parquet(orders), name="warm-up")
+    gc.collect()
+    gc.disable()
+    try:
+        with block.session() as session:
+            with pytest.raises(ValueError, match="the query failed"):
+                session.collect(pl.scan_parquet(orders).map_batches(fails))
+            assert left and left[0]() is not None  # the cycle outlives the failed call
+        assert left[0]() is None, "the failed query's cycle is still alive after its session ended"
+    finally:
+        gc.enable()
 
 
 #: What of ours may outlive a flow run while Prefect keeps its states and contexts: the handles the
