@@ -4,9 +4,9 @@ A flow run that holds about 28 GB of results on the GPU under a 40 GiB limit and
 Run by a process worker, several at once. The flow makes the CUDA context, reads its own
 device memory as ``nvidia-smi`` lists it for this process, opens a ``spmd`` session with
 ``device_memory_limit`` 40 GiB and ``admission_limit=limit`` (40 slots), loads fourteen
-2 GB tables as results (after the first, it waits until three runs hold their slots, at most
-180 s, so that three hold their results together), sums them in pairs, closes the session and reads its own device
-memory again. It writes ``<evidence>/<flow run id>.json``: the pid, wall-clock times
+2 GB tables as results (after the first, it waits until three runs hold their slots, at
+most 180 s, so that three hold their results together), sums them in pairs, closes the
+session and reads its own device memory again. It writes ``<evidence>/<flow run id>.json``: the pid, wall-clock times
 (``started``, ``admitted``: after the first result exists; ``ended``: after the session
 closed, its slots given back), the sums, the session summary's held and timing figures,
 and the device memory figures (MiB).
