@@ -38,7 +38,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import polars as pl
@@ -222,9 +222,10 @@ class HeldMemory:
             return
         self._enter_room()
         try:
-            coming = [r for r in read_by(claimed).values() if isinstance(r.persisted, HostCopy)]
+            read = read_by(claimed)
+            coming = [r for r in read.values() if isinstance(r.persisted, HostCopy)]
             try:
-                self.make_room(claimed)
+                self.make_room(read)
             except BaseException:
                 free_claimed(claimed)  # refused before the engine call: what the call claimed is freed, as after one
                 raise
@@ -255,7 +256,7 @@ class HeldMemory:
             self.peak_held = max(self.peak_held, total)
         if self.spill == "host":
             try:
-                self.make_room((), keep=fresh, refuse=False)
+                self.make_room({}, keep=fresh, refuse=False)
             except Exception as exc:
                 logger.warning("cudf-polars could not move a result to host memory after %r was produced: %s: %s",
                                fresh.name, type(exc).__name__, exc)
@@ -263,9 +264,9 @@ class HeldMemory:
                 fresh.release()
                 raise
 
-    def make_room(self, claimed: Iterable[GPUResult], *, keep: GPUResult | None = None, refuse: bool = True) -> None:
+    def make_room(self, read: Mapping[str, GPUResult], *, keep: GPUResult | None = None, refuse: bool = True) -> None:
         """
-        Before an engine call that reads the results ``claimed`` (and what they hold): keep the others within budget.
+        Before an engine call that reads ``read`` (:func:`read_by` of what it claimed): keep the others within budget.
 
         Results it reads from host memory come back as it runs, as working memory like its other reads.
         ``keep`` is counted but not moved (the result a call just produced). ``refuse=False`` (after a call)
@@ -281,7 +282,6 @@ class HeldMemory:
         """
         if self.limit is None:
             return
-        read = read_by(claimed)
         self._enter_room()  # re-entered by the call that holds the room (after its result is registered)
         try:
             while True:

@@ -334,12 +334,13 @@ class EngineSession:
             The session has ended.
         """
         name, run = name or "query", current_run()
-        with self.held.room(claimed_by(inputs, run)):  # with a device_memory_limit: until the result is counted
-            (persisted, reading, seconds, plans), fused = self._call_engine("execute", lf, inputs, run, environment,
+        claimed = claimed_by(inputs, run)
+        with self.held.room(claimed):  # with a device_memory_limit: until the result is counted
+            (persisted, reading, seconds, plans), fused = self._call_engine("execute", lf, claimed, run, environment,
                                                                             self._late(name, run))
             result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(
                 lf, environment=environment), engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
-            return self._register(result, *plans, reading.memory, input_reads(claimed_by(inputs, run), plans[0]))
+            return self._register(result, *plans, reading.memory, input_reads(claimed, plans[0]))
 
     def _late(self, name: str, run: Any) -> Callable[[Any], None]:
         def release_late(value: tuple[Any, ...]) -> None:  # on the owner thread
@@ -371,14 +372,14 @@ class EngineSession:
         """
         if isinstance(query, GPUResult):
             inputs, query = [*inputs, query], query.lazy()
-        with self.held.room(claimed_by(inputs, run := current_run())):
-            return self._call_engine("collect", query, inputs, run, environment, None)[0][0]
+        claimed = claimed_by(inputs, run := current_run())
+        with self.held.room(claimed):
+            return self._call_engine("collect", query, claimed, run, environment, None)[0][0]
 
-    def _call_engine(self, kind: str, lf: pl.LazyFrame, inputs: Sequence[GPUResult], run: Any,
+    def _call_engine(self, kind: str, lf: pl.LazyFrame, claimed: Sequence[GPUResult], run: Any,
                      environment: Mapping[str, str | None] | None, on_late: Callable[[Any], None] | None) -> tuple:
-        """Check the plan and run it on the owner thread (freeing what the claimed inputs hold), translate its errors."""
+        """Check the plan and run it on the owner thread (freeing what the inputs ``run`` claimed hold), translate its errors."""
         host = self._check_open()
-        claimed = claimed_by(inputs, run)
         fused = fused_steps(claimed)
         prepared = partial(prepare_result, optimized=kind == "execute" and self.block.result_artifacts)
         planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed
