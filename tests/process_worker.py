@@ -35,6 +35,15 @@ SUBPROCESS_BACKENDS = [
 ]
 
 
+def worker_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a worker or flow process that talks to this test session's Prefect API
+    and asks it for work every second; ``extra`` variables added."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "1", **extra}
+
+
 @contextlib.contextmanager
 def process_worker_deployment(
     pool: str, *, flow_name: str, entrypoint: str, folder: Path, parameters: dict[str, Any],

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from prefect.settings import PREFECT_API_URL
 
 from api_reads import task_run_list
 from conftest import read_run_logs
-from process_worker import cancel_and_wait, process_worker_deployment
+from process_worker import cancel_and_wait, process_worker_deployment, worker_env
 from processes import pid_alive, wait_until
 from prefect_cudf_polars import cli
 from prefect_cudf_polars.blocks import AdmissionError, CudfPolarsEngine, CudfPolarsTaskRunner
@@ -342,8 +341,7 @@ def test_a_flow_run_cancelled_while_it_waits_for_slots_ends_and_holds_nothing(tm
 
     name = new_limit(6)
     pool = f"admission-wait-{tmp_path.name}"[:50]
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    env = worker_env()
     started_file = tmp_path / "started.json"
     with concurrency(name, occupy=4, strict=True):  # another holder takes 4 of the 6 slots
         with process_worker_deployment(
@@ -371,8 +369,7 @@ def test_a_cancelled_flow_run_gives_its_slots_back(tmp_path, orders):
 
     name = new_limit(10)
     pool = f"admission-{tmp_path.name}"[:50]
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    env = worker_env()
     ready_file = tmp_path / "ready.json"
     with process_worker_deployment(
         pool, flow_name="admitted-hold", entrypoint="admitted_flow.py:admitted_hold", folder=SCRIPTS,

@@ -27,7 +27,7 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from nvidia_smi import device_memory_used_mib
-from process_worker import process_worker_deployment
+from process_worker import process_worker_deployment, worker_env
 from processes import wait_until
 
 pytestmark = pytest.mark.gpu
@@ -74,8 +74,7 @@ def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot
     with get_client(sync_client=True) as client:
         client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=SLOTS))
     before_mib = device_memory_used_mib()[0]
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    env = worker_env()
     pool = f"gpu-admission-{uuid.uuid4().hex[:8]}"
     sampler = Sampler(limit)
     with process_worker_deployment(

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL
 
 from api_reads import events_of
 from nvidia_smi import device_memory_used_mib, wait_back_to
-from process_worker import SUBPROCESS_BACKENDS, cancel_and_wait, process_worker_deployment
+from process_worker import SUBPROCESS_BACKENDS, cancel_and_wait, process_worker_deployment, worker_env
 from processes import pid_alive, wait_until
 
 FLOW_FOLDER = Path(__file__).parents[1] / "reliability" / "scripts"
@@ -56,13 +54,7 @@ def test_a_cancelled_flow_run_is_cancelled_within_its_bound_with_its_teardown_do
     from prefect.deployments import run_deployment
 
     pool = f"cancel-{tmp_path.name}"[:50]
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-        "PREFECT_CUDF_POLARS_TEST_BACKEND": backend,
-    }
+    env = worker_env(PREFECT_CUDF_POLARS_TEST_BACKEND=backend)
     device_memory_before = device_memory_used_mib() if backend != "cpu" else None
     ready_file = tmp_path / "ready.json"
     with process_worker_deployment(

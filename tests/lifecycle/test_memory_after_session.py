@@ -16,6 +16,7 @@ first run stay for the process's life.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -24,6 +25,7 @@ import sys
 import time
 import weakref
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -71,15 +73,27 @@ def wait_for_session_events(session_id: str, timeout: float = 30.0) -> list[str]
         time.sleep(0.25)
 
 
-def test_an_ended_session_and_its_engine_are_freed_by_reference_counting_and_kept_handles_hold_nothing(
-    cpu_block, orders
-):
-    # A first session starts Prefect's events worker (it keeps the context it started in).
-    with cpu_block.session() as first:
+@contextlib.contextmanager
+def collector_off(block, orders) -> Iterator[None]:
+    """
+    Automatic garbage collection off, after a first session and a collection.
+
+    The first session starts Prefect's events worker (it keeps the context it started in).
+    """
+    with block.session() as first:
         first.execute(pl.scan_parquet(orders), name="warm-up")
     gc.collect()
     gc.disable()
     try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_an_ended_session_and_its_engine_are_freed_by_reference_counting_and_kept_handles_hold_nothing(
+    cpu_block, orders
+):
+    with collector_off(cpu_block, orders):
         with cpu_block.session() as session:
             engine = weakref.ref(session.running_engine)
             left = session.execute(pl.scan_parquet(orders), name="left live")
@@ -96,8 +110,6 @@ def test_an_ended_session_and_its_engine_are_freed_by_reference_counting_and_kep
         assert not left.holding and left.persisted is None and left.lineage is None
         assert not read.holding and read.persisted is None
         assert held_partitions() == 0
-    finally:
-        gc.enable()
     assert summary["counts"] == {"produced": 2, "consumed": 1, "released_unconsumed": 1}
     assert summary["memory"] == {"at_start": 0, "at_end": pl.read_parquet(orders).estimated_size()}
     assert summary["teardown"] == "complete"
@@ -119,18 +131,12 @@ def test_what_a_failed_query_left_in_reference_cycles_is_freed_when_its_session_
         raise ValueError("the query failed")
 
     block = CudfPolarsEngine(backend="cpu", raise_on_fail=False)  # a Python function runs in the query
-    with block.session() as first:
-        first.execute(pl.scan_parquet(orders), name="warm-up")
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_off(block, orders):
         with block.session() as session:
             with pytest.raises(ValueError, match="the query failed"):
                 session.collect(pl.scan_parquet(orders).map_batches(fails))
             assert left and left[0]() is not None  # the cycle outlives the failed call
         assert left[0]() is None, "the failed query's cycle is still alive after its session ended"
-    finally:
-        gc.enable()
 
 
 #: What of ours may outlive a flow run while Prefect keeps its states and contexts: the handles the

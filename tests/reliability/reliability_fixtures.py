@@ -8,12 +8,11 @@ that do ``from conftest import read_run_logs``.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
+from process_worker import worker_env
 from processes import child_pids, pid_alive
 
 
@@ -55,14 +54,7 @@ def torn_down():
 @pytest.fixture()
 def subprocess_env() -> dict[str, str]:
     """Environment for a flow-run subprocess that talks to this test session's Prefect API."""
-    from prefect.settings import PREFECT_API_URL
-
-    return {
-        **os.environ,
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-    }
+    return worker_env()
 
 
 #: The backends every reliability test runs on: ``cpu`` here, ``spmd`` (marked
