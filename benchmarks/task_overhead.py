@@ -17,7 +17,9 @@ of the variants, on its engine session, four timers take turns call by call:
     a plain task doing nothing, in the flow body.
 
 Each call is timed with ``time.perf_counter`` on the thread it runs on; its
-result is released after the timing. Each timer's median comes with its 95 %
+result is released after the timing, and the owner thread has run that release
+before the next call starts. Each round runs the four timers in a new random
+order (seeded), so no timer always follows the same one. Each timer's median comes with its 95 %
 order-statistic interval; our overhead (``gpu-task`` minus ``plain-task``) and
 Prefect's (``plain-task`` minus ``bare``) are differences of medians, with
 percentile bootstrap intervals (:mod:`benchmarks.stats`).
@@ -26,6 +28,7 @@ percentile bootstrap intervals (:mod:`benchmarks.stats`).
 from __future__ import annotations
 
 import gc
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -86,7 +89,7 @@ def timers(engine: BareEngine, paths: Paths) -> dict[str, Callable[[], float]]:
 
 def measure(engine: BareEngine, paths: Paths, *, calls: int, warmups: int, profile: bool) -> dict[str, Any]:
     """
-    Time each timer ``calls`` times, interleaved call by call, after ``warmups`` untimed rounds.
+    Time each timer ``calls`` times, interleaved call by call in a random order each round, after ``warmups`` untimed rounds.
 
     Parameters
     ----------
@@ -108,14 +111,19 @@ def measure(engine: BareEngine, paths: Paths, *, calls: int, warmups: int, profi
         ``median_ms`` and ``ci_ms``; with ``profile``, ``profile``.
     """
     named = timers(engine, paths)
+    drained = lambda: engine.call(lambda: None)  # noqa: E731  (a release queued on the owner thread has run)
     for _ in range(warmups):
         for timer in named.values():
             timer()
+            drained()
     gc.collect()
     runs: dict[str, list[float]] = {name: [] for name in named}
+    order, shuffled = list(named), random.Random(0)
     for _ in range(calls):
-        for name, timer in named.items():
-            runs[name].append(timer() * 1000)
+        shuffled.shuffle(order)  # no timer always follows the same one (its queued release, its events)
+        for name in order:
+            runs[name].append(named[name]() * 1000)
+            drained()
     out: dict[str, Any] = {"calls": calls, "timers": {name: summary(values) for name, values in runs.items()}}
     out["differences"] = {
         name: {
