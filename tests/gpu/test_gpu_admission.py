@@ -1,17 +1,18 @@
 """
-Flow runs share one GPU by bytes: four flow runs of one deployment, each limited to 40 GiB, admitted through a 130-slot limit.
+Flow runs share one GPU by bytes: four flow runs of one deployment, each limited to about 28 % of the GPU.
 
 A process worker (``--limit 4``) runs four flow runs of one deployment at once; each opens
-a ``spmd`` session with ``device_memory_limit`` 40 GiB and ``admission_limit`` naming a
-130-slot global concurrency limit, so each holds 40 slots: three run together and the fourth
-waits until one of them has closed its session. Each holds fourteen 2 GB results. All four
-complete with the right sums; the limit's active slots (sampled every 0.2 s) reach 120 and
-never more, and the runs' own times show three holding slots at once and the fourth, started
-with the others, admitted after one of them had closed its session. The CUDA driver's used
-device memory (``nvidia-smi``, sampled every 0.2 s) stays under its figure before the runs plus
-three limits plus three times the device memory a process holds outside rmm (its CUDA context,
-measured in each flow run before its engine starts); each flow process holds within 256 MiB of
-that context figure once its session has closed, and the limit's slots are back to 0.
+a ``spmd`` session with ``device_memory_limit`` of 28.5 % of the card in whole GiB (40 GiB on a
+141 GB H200, 22 GiB on an 80 GB H100) and ``admission_limit`` naming a global concurrency limit of
+three such limits and a quarter, so three run together and the fourth waits until one of them
+has closed its session. Each holds 2 GB results, about 70 % of its limit. All four complete with
+the right sums; the limit's active slots (sampled every 0.2 s) reach three limits and never more,
+and the runs' own times show three holding slots at once and the fourth, started with the
+others, admitted after one of them had closed its session. The CUDA driver's used device memory
+(``nvidia-smi``, sampled every 0.2 s) stays under its figure before the runs plus three limits
+plus three times the device memory a process holds outside rmm (its CUDA context, measured in
+each flow run before its engine starts); each flow process holds within 256 MiB of that context
+figure once its session has closed, and the limit's slots are back to 0.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from nvidia_smi import device_memory_used_mib
+from nvidia_smi import device_memory_used_mib, gpus
 from process_worker import process_worker_deployment, worker_env
 from processes import wait_until
 
@@ -34,9 +35,18 @@ pytestmark = pytest.mark.gpu
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 RUNS = 4
-SLOTS = 130
-LIMIT_MIB = 40 * 1024
 AFTER_SLACK_MIB = 256
+
+
+def sized_from_the_card() -> tuple[int, int, int]:
+    """
+    The runs' ``device_memory_limit`` in GiB, the limit's slots and each run's 2 GB tables, from GPU 0's memory.
+
+    Each run may use 28.5 % of the card (40 GiB of a 141 GB H200, 22 GiB of an 80 GB H100) and holds
+    tables of about 70 % of that; the limit has room for three runs and a quarter of a fourth.
+    """
+    limit_gib = int(gpus()[0][1] / 1024 * 0.285)
+    return limit_gib, 3 * limit_gib + limit_gib // 4, 2 * int(limit_gib * 2**30 * 0.7 / 4e9)
 
 
 class Sampler(threading.Thread):
@@ -67,19 +77,21 @@ class Sampler(threading.Thread):
 
 
 @pytest.mark.timeout(590)
-def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot_limit(tmp_path, record_property):
+def test_four_flow_runs_of_a_quarter_of_the_gpu_share_it_three_at_a_time_under_the_admission_limit(
+        tmp_path, record_property):
     from prefect.deployments import run_deployment
 
+    limit_gib, slots, tables = sized_from_the_card()
     limit = f"gpu-memory-{uuid.uuid4().hex[:12]}"
     with get_client(sync_client=True) as client:
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=SLOTS))
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=limit, limit=slots))
     before_mib = device_memory_used_mib()[0]
     env = worker_env()
     pool = f"gpu-admission-{uuid.uuid4().hex[:8]}"
     sampler = Sampler(limit)
     with process_worker_deployment(
         pool, flow_name="hold-gpu-memory", entrypoint="held_gpu_memory.py:hold_gpu_memory", folder=SCRIPTS,
-        parameters={"evidence": str(tmp_path), "limit": limit}, env=env, log=tmp_path / "worker.log",
+        parameters={"evidence": str(tmp_path), "limit": limit, "limit_gib": limit_gib, "tables": tables}, env=env, log=tmp_path / "worker.log",
         worker_limit=RUNS,
     ) as worker:
         sampler.start()
@@ -101,13 +113,13 @@ def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot
     assert all(s.is_completed() for s in states), [(s.type, s.message) for s in states]
     facts = sorted((json.loads(p.read_text()) for p in tmp_path.glob("*.json")), key=lambda f: f["admitted"])
     for f in facts:
-        assert f["sums"] == [[(2 * i + 1) * 125_000_000.0, 250_000_000] for i in range(0, 14, 2)]
+        assert f["sums"] == [[(2 * i + 1) * 125_000_000.0, 250_000_000] for i in range(0, tables, 2)]
     waits = [f["timings"]["admission_wait_s"] for f in facts]
     last = facts[-1]
     first_end = min(f["ended"] for f in facts[:-1])
     at_once = max(sum(f["admitted"] <= t < f["ended"] for f in facts) for t in (f["admitted"] for f in facts))
     context_mib = max(f["own_mib_with_context"] or 0 for f in facts)
-    bound_mib = before_mib + 3 * (LIMIT_MIB + context_mib)
+    bound_mib = before_mib + 3 * (limit_gib * 1024 + context_mib)
     for key, value in {
         "admission_wait_s": waits, "driver_peak_mib": sampler.peak_mib, "driver_before_mib": before_mib,
         "bound_mib": bound_mib, "max_active_slots": sampler.max_slots, "context_mib": [f["own_mib_with_context"] for f in facts],
@@ -116,7 +128,7 @@ def test_four_flow_runs_of_40_gib_share_one_gpu_three_at_a_time_under_a_130_slot
         "spills": [f["held"]["spills"] for f in facts], "seconds": [round(f["ended"] - f["started"], 1) for f in facts],
     }.items():
         record_property(key, json.dumps(value))
-    assert at_once == 3 and sampler.max_slots == 3 * 40, (at_once, sampler.max_slots)
+    assert at_once == 3 and sampler.max_slots == 3 * limit_gib, (at_once, sampler.max_slots)
     # The fourth began before any other ended, and was admitted only after one had given its slots back.
     assert last["started"] < first_end <= last["admitted"], (last, first_end)
     assert sampler.peak_mib <= bound_mib, f"driver peak {sampler.peak_mib} MiB, bound {bound_mib} MiB"

@@ -1,10 +1,10 @@
 """
-A flow run that holds about 28 GB of results on the GPU under a 40 GiB limit and admission by bytes.
+A flow run that holds 2 GB results on the GPU under a device memory limit and admission by bytes.
 
 Run by a process worker, several at once. The flow makes the CUDA context, reads its own
 device memory as ``nvidia-smi`` lists it for this process, opens a ``spmd`` session with
-``device_memory_limit`` 40 GiB and ``admission_limit=limit`` (40 slots), loads fourteen
-2 GB tables as results (after the first, it waits until three runs hold their slots, at
+``device_memory_limit`` of ``limit_gib`` GiB and ``admission_limit=limit`` (that many slots), loads
+``tables`` 2 GB tables as results (after the first, it waits until three runs hold their slots, at
 most 180 s, so that three hold their results together), sums them in pairs, closes the
 session and reads its own device memory again. It writes ``<evidence>/<flow run id>.json``: the pid, wall-clock times
 (``started``, ``admitted``: after the first result exists; ``ended``: after the session
@@ -29,9 +29,7 @@ from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 
 GIB = 1 << 30
-LIMIT = 40 * GIB
 ROWS = 125_000_000  # int64 and float64 columns: 2,000,000,000 bytes a table
-TABLES = 14
 
 
 def own_device_mib() -> int | None:
@@ -57,8 +55,8 @@ def pair_sum(a: GPUResult, b: GPUResult) -> pl.LazyFrame:
 
 
 @flow
-def hold_gpu_memory(evidence: str, limit: str) -> None:
-    """Hold fourteen 2 GB results under a 40 GiB limit admitted through ``limit``; write the figures."""
+def hold_gpu_memory(evidence: str, limit: str, limit_gib: int, tables: int) -> None:
+    """Hold ``tables`` 2 GB results under a ``limit_gib`` GiB limit admitted through ``limit``; write the figures."""
     import rmm.mr
 
     facts: dict[str, object] = {"pid": os.getpid(), "started": time.time(),
@@ -66,15 +64,15 @@ def hold_gpu_memory(evidence: str, limit: str) -> None:
     rmm.mr.available_device_memory()  # the CUDA context
     facts["own_mib_with_context"] = own_device_mib()
     base = pl.DataFrame({"k": np.arange(ROWS, dtype=np.int64)})
-    block = CudfPolarsEngine(backend="spmd", device_memory_limit=LIMIT, admission_limit=limit,
+    block = CudfPolarsEngine(backend="spmd", device_memory_limit=limit_gib * GIB, admission_limit=limit,
                              admission_timeout=900, spill_results="host")
     with block.session() as session:
         held = [execute(base.lazy().with_columns(v=pl.lit(float(i))), name=f"table-{i}") for i in range(1)]
         facts["admitted"] = time.time()
         together(Path(evidence), 3)
-        held += [execute(base.lazy().with_columns(v=pl.lit(float(i))), name=f"table-{i}") for i in range(1, TABLES)]
+        held += [execute(base.lazy().with_columns(v=pl.lit(float(i))), name=f"table-{i}") for i in range(1, tables)]
         facts["own_mib_holding"] = own_device_mib()
-        facts["sums"] = [list(collect(pair_sum(held[i], held[i + 1])).row(0)) for i in range(0, TABLES, 2)]
+        facts["sums"] = [list(collect(pair_sum(held[i], held[i + 1])).row(0)) for i in range(0, tables, 2)]
         summary = session.summary()
     facts["ended"] = time.time()
     facts["own_mib_after"] = own_device_mib()
