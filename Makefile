@@ -21,8 +21,15 @@ RUN_EXTRAS := $(if $(GPU_EXTRA),[$(subst $(comma),,$(GPU_EXTRA))])
 TEST_EXTRAS := test$(if $(GPU_EXTRA),$(GPU_EXTRA),$(comma)check)
 RUN_STAMP := $(VENV)/.installed-run$(GPU_EXTRA)
 TEST_STAMP := $(VENV)/.installed-test$(GPU_EXTRA)
+# The test install takes its versions from CONSTRAINTS (`make constraints` writes it),
+# so a new release of a test tool or of Prefect changes nothing until the file does.
+# On a GPU machine the cu13 or cu12 extra decides the CUDA and RAPIDS packages, and
+# rapids-dask-dependency pins dask and distributed: their pins (made with the check
+# extra) are left out there.
+CONSTRAINTS := constraints/test.txt
+GPU_STACK := ^(nvidia-|cuda-|cupy|cudf|libcudf|pylibcudf|rmm|librmm|rapidsmpf|librapidsmpf|kvikio|libkvikio|ucx|libucx|rapids-|nvtx|numba|dask|distributed)|-cu[0-9]+==|-cuda[0-9]+x==
 
-.PHONY: run test bench install install-test clean deploy worker
+.PHONY: run test bench install install-test clean deploy worker constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +40,9 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 # The test install holds everything the run install does, so it stamps both.
-$(TEST_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e ".[$(TEST_EXTRAS)]"
+$(TEST_STAMP): pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(if $(GPU_EXTRA),grep -viE '$(GPU_STACK)',cat) $(CONSTRAINTS) > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[$(TEST_EXTRAS)]"
 	touch $@ $(RUN_STAMP)
 
 install: $(RUN_STAMP)
@@ -47,10 +55,12 @@ run: install
 # Deploy the flows of prefect.yaml to the Prefect API that PREFECT_API_URL names (see the
 # README's "Deploy"): registers the block type, saves the engine block, creates the
 # process work pool gpu-pool (concurrency limit 1) and runs `prefect --no-prompt deploy --all`.
+# Without ENGINE_BACKEND the block is spmd where a GPU backend can run here, else what
+# `make run` runs (auto with cpu_fallback).
 ENGINE_BLOCK ?= gpu
-ENGINE_BACKEND ?= spmd
+ENGINE_BACKEND ?=
 deploy: install
-	$(BIN)/prefect-cudf-polars deploy --engine-block $(ENGINE_BLOCK) --backend $(ENGINE_BACKEND)
+	$(BIN)/prefect-cudf-polars deploy --engine-block $(ENGINE_BLOCK)$(if $(ENGINE_BACKEND), --backend $(ENGINE_BACKEND))
 
 # On the GPU machine: run the pool's flow runs (one at a time).
 worker: install
@@ -63,6 +73,20 @@ test: install-test
 #   make bench ARGS="--scale-factors 0.1 --backend cpu --out output/bench"
 bench: install-test
 	$(BIN)/python -m benchmarks $(ARGS)
+
+# Refresh CONSTRAINTS on purpose (and after changing pyproject.toml's dependencies): the
+# newest releases pyproject.toml allows, resolved in a throwaway venv without a GPU (the
+# test and check extras); then `make test`.
+constraints:
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; py="$$tmp/venv/bin/python"; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	$$py -m pip install -q --upgrade pip; \
+	$$py -m pip install -q -e ".[test,check]"; \
+	{ echo '# The versions `make test` installs (the test and check extras; on a GPU machine the'; \
+	  echo '# Makefile leaves out the CUDA, RAPIDS and dask pins). pyproject.toml keeps the ranges.'; \
+	  echo "# Written by \`make constraints\` with $$($$py -V)."; \
+	  $$py -m pip freeze --exclude-editable; } > "$$tmp/test.txt"; \
+	mkdir -p $(dir $(CONSTRAINTS)); mv "$$tmp/test.txt" $(CONSTRAINTS)
 
 clean:
 	rm -rf $(VENV) output .pytest_cache

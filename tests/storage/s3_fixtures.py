@@ -34,10 +34,14 @@ import pytest
 import requests
 from processes import free_port, stop
 
+# May list and read, not write. AWS authorizes ListObjectsV2 (the sink's and the
+# reader's checks) with the IAM action s3:ListBucket; moto 5.2.6's IAM check names
+# the action after the API operation (s3:ListObjectsV2, s3:HeadBucket), so a policy
+# of s3:ListBucket alone is refused there. s3:List* grants the listing under both.
 READ_ONLY_POLICY = {
     "Version": "2012-10-17",
     "Statement": [
-        {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject"], "Resource": "*"}
+        {"Effect": "Allow", "Action": ["s3:List*", "s3:GetObject"], "Resource": "*"}
     ],
 }
 FULL_POLICY = {

@@ -116,6 +116,8 @@ def test_wrong_credentials_are_refused_before_the_result_is_claimed(cpu_block, m
 def test_failed_upload_keeps_the_staged_parts(cpu_block, moto_s3, bucket, trips_df, tmp_path):
     """A key that may list but not write passes the checks; the upload is denied."""
     reader = moto_s3.credentials(key_id=moto_s3.reader_key_id, secret=moto_s3.reader_secret)
+    # The key's premise, checked with boto3 itself: it may list the bucket.
+    assert moto_s3.client(moto_s3.reader_key_id, moto_s3.reader_secret).list_objects_v2(Bucket=bucket)["KeyCount"] == 0
     err, state, _ = sink_in_flow(
         cpu_block, trips_df, f"s3://{bucket}/out", credentials=reader, staging_dir=str(tmp_path)
     )
