@@ -26,52 +26,47 @@ Each module imports only the layers below it, ``TYPE_CHECKING`` imports
 included (``tests/test_layering.py``); a protocol in a lower layer types what
 an upper one provides. Bottom to top:
 
-``errors``, ``active``
-    The errors; which session provider is innermost here (one context variable),
-    and :func:`get_engine_session`, its session.
-``engine_block``
-    :class:`CudfPolarsEngine`: fields, checks, and the one translation into
-    cudf-polars' options.
+``errors``, ``runs``, ``active``
+    The errors and their advice; the run some code runs in; which session
+    provider is innermost here (one context variable), and
+    :func:`get_engine_session`, its session.
+``engine_options``, ``engine_block``
+    The one translation of the block's fields into cudf-polars' options;
+    :class:`CudfPolarsEngine`: fields, one validator each, load and save.
 ``admission``
     The session's GiB of device memory held in a Prefect global concurrency
     limit while its engine runs.
 ``backends/``
     One adapter per engine (``cpu``, ``streaming`` for ``spmd``, ``dask/``,
     ``ray/``); every third-party private access in ``backends/compat``.
-``persistence``, ``deferred``, ``results``, ``lineage``
-    :class:`GPUResult` and the rules no serializer breaks; what a deferred result holds;
-    how a result is produced again.
-``engine``, ``telemetry``, ``nesting``, ``exits``
-    The engine host (owner thread and exit stack); what Prefect is told;
-    which subflows share an engine; sessions open at interpreter exit.
-``session``
-    :class:`EngineSession`.
+``persistence``, ``deferred``, ``result_owner``, ``results``, ``arguments``, ``lineage``
+    :class:`GPUResult` (one locked state machine) and the rules no serializer
+    breaks; what a deferred result holds; what a result asks of its session;
+    the one walk of a task's arguments; how a result is produced again.
+``memory``, ``result_book``
+    Held results within ``device_memory_limit``; a session's results and their counts.
+``engine``, ``engine_call``, ``telemetry``, ``nesting``, ``exits``
+    The engine host (owner thread and exit stack); one engine call, waited for
+    by a thread or a coroutine; what Prefect is told; which subflows share an
+    engine; sessions open at interpreter exit.
+``session_calls``, ``session``
+    The session's engine calls; :class:`EngineSession`.
 ``task_runner``
     :class:`CudfPolarsTaskRunner`.
 """
 
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
-from prefect_cudf_polars.blocks.errors import (
-    AdmissionError,
-    BlockNotFoundError,
-    NoEngineSessionError,
-    NoGPUError,
-    SessionError,
-)
+from prefect_cudf_polars.blocks.errors import (AdmissionError, BlockNotFoundError, NoEngineSessionError, NoGPUError,
+                                               SessionError)
 from prefect_cudf_polars.blocks.results import GPUResult
 from prefect_cudf_polars.blocks.active import get_engine_session
 from prefect_cudf_polars.blocks.session import EngineSession
 from prefect_cudf_polars.blocks.task_runner import CudfPolarsTaskRunner
+from prefect_cudf_polars.blocks.backends import compat as _compat
 
-__all__ = [
-    "AdmissionError",
-    "BlockNotFoundError",
-    "CudfPolarsEngine",
-    "CudfPolarsTaskRunner",
-    "EngineSession",
-    "GPUResult",
-    "NoEngineSessionError",
-    "NoGPUError",
-    "SessionError",
-    "get_engine_session",
-]
+# An admission wait asks Prefect for its slots in requests that time out (admission.py), and
+# Prefect logs an ERROR for each one that does: those records are dropped.
+_compat.quiet_timed_out_slot_requests()
+
+__all__ = ["AdmissionError", "BlockNotFoundError", "CudfPolarsEngine", "CudfPolarsTaskRunner", "EngineSession",
+           "GPUResult", "NoEngineSessionError", "NoGPUError", "SessionError", "get_engine_session"]

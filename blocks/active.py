@@ -44,8 +44,7 @@ class SessionProvider(Protocol):
 
 #: The innermost session provider of this context (``None``: none).
 PROVIDER: contextvars.ContextVar[SessionProvider | None] = contextvars.ContextVar(
-    "prefect_cudf_polars_session_provider", default=None
-)
+    "prefect_cudf_polars_session_provider", default=None)
 
 
 def enter(provider: SessionProvider) -> contextvars.Token[SessionProvider | None]:
@@ -77,8 +76,7 @@ def innermost() -> SessionProvider | None:
     When the context variable holds none, the current flow run's task runner
     is used if it is a provider (a context Prefect built without ours).
     """
-    provider = PROVIDER.get()
-    if provider is not None:
+    if (provider := PROVIDER.get()) is not None:
         return provider
     runner = getattr(flow_run_context(), "task_runner", None)
     return runner if hasattr(runner, "provide_session") else None
@@ -148,8 +146,7 @@ def get_engine_session() -> Any:
     Exception
         Whatever else stopped the engine from starting (every later call raises it again).
     """
-    provider = innermost()
-    if provider is not None:
+    if (provider := innermost()) is not None:
         return provider.provide_session()
     where = "for this flow run" if flow_run_context() is not None else "here, and no flow run is running"
     raise NoEngineSessionError(NO_SESSION_MESSAGE.format(where=where))

@@ -5,11 +5,12 @@ A :class:`~prefect_cudf_polars.blocks.CudfPolarsEngine` with ``admission_limit``
 names a Prefect global concurrency limit whose slots are GiB of device memory
 (``prefect gcl create gpu-memory --limit 140`` for one 140 GiB GPU). Before its
 engine starts, a session occupies ``ceil(device_memory_limit / GiB)`` slots of
-it through Prefect's own :func:`prefect.concurrency.sync.concurrency`, so flow
-runs whose limits add up to more than the GPU wait for each other instead of
-running out of memory; the slots are given back after the engine has shut
-down. :func:`admitted` is the one place this happens (``EngineHost`` enters it
-on the engine's owner thread).
+it for each GPU its engine uses, through Prefect's own
+:func:`prefect.concurrency.sync.concurrency`, so flow runs whose limits add up
+to more than the GPU wait for each other instead of running out of memory.
+:func:`admitted` is the one place this happens: the engine host enters it first
+into its exit stack on the owner thread, so the slots are given back last, once
+the engine has shut down, however the start or the session ends.
 
 Bounds (Prefect 3.9.1)
 ----------------------
@@ -41,11 +42,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from uuid import UUID
 
-from prefect_cudf_polars.blocks.errors import AdmissionError
+from prefect_cudf_polars.blocks.errors import (
+    ADMISSION_NEEDS_LIMIT, CHECK_PREFECT_API, NOTHING_STARTED, SET_ADMISSION_LIMIT, AdmissionError)
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -92,10 +95,10 @@ def slots_for(limit_bytes: int) -> int:
 
 
 @contextlib.contextmanager
-def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, flow_run_id: UUID | None = None,
-             wanted: Callable[[], bool] | None = None) -> Iterator[Admission]:
+def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, gpus: int = 1,
+             flow_run_id: UUID | None = None, wanted: Callable[[], bool] | None = None) -> Iterator[Admission]:
     """
-    Hold ``ceil(limit_bytes / GiB)`` slots of ``block.admission_limit`` while the ``with`` block runs.
+    Hold ``ceil(limit_bytes / GiB)`` slots of ``block.admission_limit`` for each of ``gpus`` while the ``with`` block runs.
 
     Enter and leave it on one thread (the engine's owner thread). Without
     ``block.admission_limit`` it does nothing and yields an empty
@@ -112,7 +115,9 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, flow
         Its ``admission_limit`` (a global concurrency limit's name) and
         ``admission_timeout`` (seconds to wait at most).
     limit_bytes : int or None
-        The session's device memory limit in bytes (``block.memory_limit_bytes``).
+        The session's device memory limit in bytes on each GPU (``block.memory_limit_bytes``).
+    gpus : int
+        The GPUs the engine uses (a rank and its limit on each).
     log : callable
         ``log(level, msg, *args)``, writing one line to the flow run's log.
     flow_run_id : uuid.UUID, optional
@@ -142,9 +147,8 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, flow
         yield Admission()
         return
     if limit_bytes is None:
-        raise ValueError(f"admission_limit={name!r} needs the session's device memory limit in bytes; "
-                         "set device_memory_limit on the CudfPolarsEngine block.")
-    slots = slots_for(limit_bytes)
+        raise ValueError(ADMISSION_NEEDS_LIMIT.format(name=name))
+    slots = slots_for(limit_bytes) * gpus
     timeout = block.admission_timeout
     if not _limit_is_active(name, slots):
         log(logging.WARNING, "Admission limit %r is disabled in Prefect, so it is not enforced: the engine starts "
@@ -153,19 +157,12 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, flow
         return
     log(logging.INFO, "Waiting for admission: %d slot(s) (GiB of device memory) of global concurrency limit %r, "
         "for at most %g s (admission_timeout).", slots, name, timeout)
-    held, started = _occupy(name, slots, timeout, flow_run_id, wanted or (lambda: True))
-    seconds = time.monotonic() - started
-    log(logging.INFO, "Admitted after %.2f s: holding %d slot(s) of global concurrency limit %r until the engine "
-        "has shut down.", seconds, slots, name)
-    try:
+    with ExitStack() as held:  # the slots, from the moment Prefect gives them: given back however the block ends
+        started = _occupy(held, name, slots, timeout, flow_run_id, wanted or (lambda: True))
+        seconds = time.monotonic() - started
+        log(logging.INFO, "Admitted after %.2f s: holding %d slot(s) of global concurrency limit %r until the engine "
+            "has shut down.", seconds, slots, name)
         yield Admission(name, slots, seconds)
-    finally:
-        try:
-            held.__exit__(None, None, None)
-        except Exception as exc:
-            log(logging.WARNING, "The %d slot(s) of global concurrency limit %r were not given back (%s: %s); "
-                "under `prefect server` they are free %g s after the last lease renewal.",
-                slots, name, type(exc).__name__, exc, LEASE_DURATION_S)
 
 
 def _limit_is_active(name: str, slots: int) -> bool:
@@ -186,52 +183,43 @@ def _limit_is_active(name: str, slots: int) -> bool:
         with get_client(sync_client=True) as client:
             limit = client.read_global_concurrency_limit_by_name(name)
     except ObjectNotFound:
-        raise AdmissionError(
-            f"The global concurrency limit {name!r} (admission_limit) does not exist at this Prefect API, so "
-            f"the engine cannot occupy its {slots} slot(s) (GiB of device memory) and did not start. Create "
-            f"it with one slot per GiB of the GPU's memory, e.g. `prefect-cudf-polars admission-limit {name} "
-            f"--slots 80` or `prefect gcl create {name} --limit 80` for an 80 GiB GPU (or "
-            "`prefect-cudf-polars deploy --admission-limit ...`), or clear admission_limit on the "
-            "CudfPolarsEngine block.",
-            limit_name=name, slots=slots, waited_seconds=0.0,
-        ) from None
+        raise _refused(name, slots, 0.0, f"The global concurrency limit {name!r} (admission_limit) does not exist at "
+                       f"this Prefect API, so the engine cannot occupy its {slots} slot(s): {NOTHING_STARTED}. Create "
+                       f"it, for an 80 GiB GPU with {SET_ADMISSION_LIMIT.format(name=name, slots=80)} or `prefect gcl "
+                       f"create {name} --limit 80`, or clear admission_limit on the CudfPolarsEngine block.") from None
     except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
         raise _unreachable(name, slots, exc, 0.0) from exc
     if limit.active and limit.limit < slots:
-        raise AdmissionError(
-            f"The global concurrency limit {name!r} (admission_limit) has {limit.limit} slot(s), fewer than the "
-            f"{slots} this session needs (device_memory_limit in GiB, rounded up), so it would never be admitted. "
-            f"Raise the limit (`prefect-cudf-polars admission-limit {name} --slots N`, one slot per GiB of the "
-            "GPU's memory) or lower device_memory_limit on the CudfPolarsEngine block.",
-            limit_name=name, slots=slots, waited_seconds=0.0,
-        )
+        raise _refused(name, slots, 0.0, f"The global concurrency limit {name!r} (admission_limit) has {limit.limit} "
+                       f"slot(s), fewer than the {slots} this session needs (device_memory_limit in GiB, rounded up), "
+                       "so it would never be admitted. Raise the limit with "
+                       f"{SET_ADMISSION_LIMIT.format(name=name, slots='N')}, or lower device_memory_limit on the "
+                       "CudfPolarsEngine block.")
     if limit.active and (limit.slot_decay_per_second or 0) > 0:
-        raise AdmissionError(
-            f"The global concurrency limit {name!r} (admission_limit) lets its slots decay "
-            f"(slot_decay_per_second={limit.slot_decay_per_second:g}): it is a rate limit, whose slots come free "
-            "while the engines that occupy them still run, so it cannot stand for device memory. The engine did "
-            f"not start. Set its decay to 0 with `prefect-cudf-polars admission-limit {name} --slots N` (or "
-            f"`prefect gcl update {name} --slot-decay-per-second 0`), then run the flow again.",
-            limit_name=name, slots=slots, waited_seconds=0.0,
-        )
+        raise _refused(name, slots, 0.0, f"The global concurrency limit {name!r} (admission_limit) lets its slots decay "
+                       f"(slot_decay_per_second={limit.slot_decay_per_second:g}): it is a rate limit, whose slots come "
+                       "free while the engines that occupy them still run, so it cannot stand for device memory: "
+                       f"{NOTHING_STARTED}. Set its decay to 0 with {SET_ADMISSION_LIMIT.format(name=name, slots='N')} "
+                       f"(or `prefect gcl update {name} --slot-decay-per-second 0`), then run the flow again.")
     return bool(limit.active)
+
+
+def _refused(name: str, slots: int, waited: float, message: str) -> AdmissionError:
+    """The :class:`AdmissionError` saying ``message`` about ``slots`` slots of the limit ``name``, after ``waited`` s."""
+    return AdmissionError(message, limit_name=name, slots=slots, waited_seconds=waited)
 
 
 def _unreachable(name: str, slots: int, exc: BaseException, waited: float) -> AdmissionError:
     """The :class:`AdmissionError` for a Prefect API that could not be asked about the limit ``name``."""
-    return AdmissionError(
-        f"Could not ask the Prefect API for {slots} slot(s) of the global concurrency limit {name!r} "
-        f"(admission_limit): {type(exc).__name__}: {exc}. The engine did not start and holds nothing. Check that "
-        "PREFECT_API_URL names a running Prefect server (or Prefect Cloud) this process can reach, then run the "
-        "flow again.",
-        limit_name=name, slots=slots, waited_seconds=waited,
-    )
+    return _refused(name, slots, waited, f"Could not ask the Prefect API for {slots} slot(s) of the global concurrency "
+                    f"limit {name!r} (admission_limit) ({type(exc).__name__}: {exc}), so {NOTHING_STARTED}: "
+                    f"{CHECK_PREFECT_API}.")
 
 
-def _occupy(name: str, slots: int, timeout: float, flow_run_id: UUID | None,
-            wanted: Callable[[], bool]) -> tuple[Any, float]:
+def _occupy(held: ExitStack, name: str, slots: int, timeout: float, flow_run_id: UUID | None,
+            wanted: Callable[[], bool]) -> float:
     """
-    Enter Prefect's ``concurrency`` for ``slots`` slots of ``name``; returns the entered context and when the wait began.
+    Enter Prefect's ``concurrency`` for ``slots`` slots of ``name`` into ``held``; returns when the wait began.
 
     Each request lasts at most :data:`REQUEST_SLICE_S` seconds (a fresh
     ``concurrency`` each time, so Prefect's per-limit acquisition service is
@@ -253,37 +241,27 @@ def _occupy(name: str, slots: int, timeout: float, flow_run_id: UUID | None,
     started = time.monotonic()
     while True:
         remaining = started + timeout - time.monotonic()
-        held = concurrency(name, occupy=slots, timeout_seconds=min(REQUEST_SLICE_S, remaining),
-                           lease_duration=LEASE_DURATION_S, strict=True, holder=holder,
-                           raise_on_lease_renewal_failure=False)
         try:
-            held.__enter__()
-            return held, started
+            held.enter_context(concurrency(name, occupy=slots, timeout_seconds=min(REQUEST_SLICE_S, remaining),
+                                           lease_duration=LEASE_DURATION_S, strict=True, holder=holder,
+                                           raise_on_lease_renewal_failure=False))
+            return started
         except TimeoutError:
             waited = time.monotonic() - started
             if waited >= timeout:
-                raise AdmissionError(
-                    f"Waited {waited:.1f} s (admission_timeout={timeout:g}) for {slots} slot(s) (GiB of device "
-                    f"memory) of the global concurrency limit {name!r} and they did not come free: other flow runs "
-                    "hold them. The engine did not start and holds nothing. Raise admission_timeout on the "
-                    "CudfPolarsEngine block to wait longer, lower its device_memory_limit, or see who holds the "
-                    f"slots with `prefect gcl inspect {name}`.",
-                    limit_name=name, slots=slots, waited_seconds=waited,
-                ) from None
+                raise _refused(name, slots, waited, f"Waited {waited:.1f} s (admission_timeout={timeout:g}) for {slots} "
+                               f"slot(s) (GiB of device memory) of the global concurrency limit {name!r}, held by other "
+                               f"flow runs, so {NOTHING_STARTED}. Raise admission_timeout on the CudfPolarsEngine block "
+                               "to wait longer, lower its device_memory_limit, or see who holds the slots with "
+                               f"`prefect gcl inspect {name}`.") from None
             if not wanted():
-                raise AdmissionError(
-                    f"The session ended while it waited {waited:.1f} s for {slots} slot(s) of the global "
-                    f"concurrency limit {name!r}: its caller stopped waiting (a task timeout, a cancellation, an "
-                    "interrupt). The engine did not start and holds nothing; run the flow again for a new session.",
-                    limit_name=name, slots=slots, waited_seconds=waited,
-                ) from None
+                raise _refused(name, slots, waited, f"The session ended while it waited {waited:.1f} s for {slots} "
+                               f"slot(s) of the global concurrency limit {name!r}: its caller stopped waiting (a task "
+                               f"timeout, a cancellation, an interrupt), so {NOTHING_STARTED}; run the flow again for a "
+                               "new session.") from None
         except ConcurrencySlotAcquisitionError as exc:
-            raise AdmissionError(
-                f"Could not occupy {slots} slot(s) of the global concurrency limit {name!r} (admission_limit): "
-                f"{exc}. The engine did not start and holds nothing. Check that the limit exists (`prefect gcl "
-                f"inspect {name}`) and that PREFECT_API_URL names a Prefect API this process can reach, then run "
-                "the flow again.",
-                limit_name=name, slots=slots, waited_seconds=time.monotonic() - started,
-            ) from exc
+            raise _refused(name, slots, time.monotonic() - started, f"Could not occupy {slots} slot(s) of the global "
+                           f"concurrency limit {name!r} (admission_limit) ({exc}), so {NOTHING_STARTED}: see that the "
+                           f"limit exists (`prefect gcl inspect {name}`), and {CHECK_PREFECT_API}.") from exc
         except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
             raise _unreachable(name, slots, exc, time.monotonic() - started) from exc

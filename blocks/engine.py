@@ -11,10 +11,11 @@ head) goes into one :class:`contextlib.ExitStack`, as cudf-polars'
 creates into one stack; :meth:`EngineHost.shutdown` closes it, once, as the
 thread's last call, and drops the engine there, so the engine and its memory
 resource are freed on the thread that created them. With the block's
-``admission_limit``, the owner thread first occupies the session's GiB of
+``admission_limit``, the first thing in that stack is the session's GiB of
 device memory in that Prefect global concurrency limit
-(:func:`~prefect_cudf_polars.blocks.admission.admitted`) and gives them back
-after the stack has closed and the engine is dropped. A subflow's session that
+(:func:`~prefect_cudf_polars.blocks.admission.admitted`): first in, last out,
+given back once the engine is dropped, however the start or the session ends.
+A subflow's session that
 uses the same block runs on its parent's host, by reference; only the session
 that started a host shuts it down.
 
@@ -30,12 +31,15 @@ Developer notes
   runs to its end on the owner thread, and what it returns then goes to the
   caller's ``on_late`` (on the owner thread, before the next queued call), so
   nothing it produced is left unowned.
+* A coroutine awaits a call's future on its event loop (:meth:`EngineHost.wait_async`),
+  with the same ``on_late`` when it is cancelled while the call runs.
 * Engine calls are serialized, which costs little: one engine call already
   uses the whole GPU (its own thread pool drives the streaming network).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import queue
@@ -47,20 +51,18 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import polars as pl
-
 from prefect_cudf_polars.blocks.admission import Admission, Log, admitted
-from prefect_cudf_polars.blocks.backends.choice import start_backend
+from prefect_cudf_polars.blocks.backends.choice import gpus_used, start_backend
 from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.backends.probe import memory_total
 from prefect_cudf_polars.blocks.errors import SessionError
+from prefect_cudf_polars.blocks.memory import MemoryLedger
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 T = TypeVar("T")
-P = TypeVar("P")
 
 #: Seconds a caller blocks at a time while it waits for the owner thread.
 WAIT_SLICE_S = 0.05
@@ -89,13 +91,11 @@ class EngineHost:
         Backend, GPUs, ranks and versions (``RunningEngine.describe``), read once started.
     at_start : Reading or None
         The engine's memory right after it started.
-    memory_limit : int or None
-        The block's ``device_memory_limit`` in bytes, once started (``None``: none).
+    ledger : MemoryLedger
+        The results held on the engine, by rank, of every session on this host (:mod:`~prefect_cudf_polars.blocks.memory`).
     admission : Admission
         The slots of the block's ``admission_limit`` held while the engine runs
-        (the limit's name, the slots in GiB, the seconds waited for them).
-    admission_seconds : float
-        Seconds the start waited for those slots (0.0 without admission).
+        (the limit's name, the slots in GiB, the seconds the start waited for them).
     start_seconds, shutdown_seconds : float
         Seconds the backend took to start and to shut down (0 until known).
     thread : threading.Thread
@@ -106,24 +106,19 @@ class EngineHost:
         self.running: RunningEngine | None = None
         self.description: dict[str, Any] = {}
         self.at_start: Reading | None = None
-        self.memory_limit: int | None = None
-        self.admission = Admission()
-        self.admission_seconds = 0.0
-        self._admitted = ExitStack()  # the admission slots: given back after the engine's stack
-        self.start_seconds = self.shutdown_seconds = 0.0
+        self.ledger, self.admission, self.start_seconds, self.shutdown_seconds = MemoryLedger(), Admission(), 0.0, 0.0
         self._failed_call = False  # a call on the owner thread raised: collect garbage at the close
-        self._stack = ExitStack()
-        self._ended = ended
+        self._closing_at, self._ended, self._accepting = 0.0, ended, True
+        self._stack = ExitStack()  # first in, last out: the admission slots, the engine's drop, the engine
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: set[Future[Any]] = set()  # queued calls that have not started
         self._lock = threading.Lock()
-        self._accepting = True
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.thread.start()
 
     @classmethod
     def start(cls, backend: str, block: CudfPolarsEngine, *, name: str, ended: Callable[[], str],
-              log: Log | None = None) -> EngineHost:
+              log: Log) -> EngineHost:
         """
         Start ``backend`` on a new owner thread, after occupying the block's admission slots.
 
@@ -136,10 +131,9 @@ class EngineHost:
             The owner thread's name.
         ended : callable
             Returns the text of the :class:`SessionError` for a call handed in after shutdown.
-        log : callable, optional
+        log : callable
             ``log(level, msg, *args)``: where the admission's lines go (the flow
-            run's log). Default: the run logger of the Prefect run calling this,
-            else the ``prefect_cudf_polars`` logger.
+            run's log, once the session knows its flow run).
 
         Raises
         ------
@@ -153,11 +147,10 @@ class EngineHost:
         """
         from prefect_cudf_polars.blocks.active import flow_run_context
 
-        ctx = flow_run_context()
-        flow_run_id = ctx.flow_run.id if ctx is not None else None
+        flow_run_id = getattr(getattr(flow_run_context(), "flow_run", None), "id", None)
         host = cls(name, ended)
         try:
-            host.run(host._start, backend, block, log or _run_log(), flow_run_id)
+            host.run(host._start, backend, block, log, flow_run_id)
         except BaseException as exc:
             try:
                 host.shutdown(deadline=block.teardown_timeout)  # what the backend had started
@@ -167,16 +160,17 @@ class EngineHost:
         return host
 
     def _start(self, backend: str, block: CudfPolarsEngine, log: Log, flow_run_id: Any) -> None:
-        self.memory_limit = block.memory_limit_bytes(memory_total(backend))
-        self.admission = self._admitted.enter_context(
-            admitted(block, self.memory_limit, log, flow_run_id=flow_run_id, wanted=self._wanted))
-        self.admission_seconds = self.admission.seconds
+        limit = block.memory_limit_bytes(memory_total(backend))
+        self.admission = self._stack.enter_context(admitted(
+            block, limit, log, gpus=gpus_used(backend, block), flow_run_id=flow_run_id, wanted=self._wanted))
         if not self._wanted():
             raise SessionError(self._ended())
+        self._stack.callback(self._drop_engine)  # after the engine's own exits, before the slots are given back
         started = time.perf_counter()
-        self.running = start_backend(backend, block, self._stack, self.memory_limit)
+        self.running = start_backend(backend, block, self._stack, limit)
         self.start_seconds = time.perf_counter() - started
         self.description = self.running.describe()
+        self.ledger.start(block.spill_results, limit, int(self.description.get("ranks") or 1))
         self.at_start = self.running.read()
 
     def _wanted(self) -> bool:
@@ -197,8 +191,18 @@ class EngineHost:
                     future.set_exception(exc)
             del item, future, fn, args
 
-    def _submit(self, fn: Callable[..., Any], *args: Any, last: bool = False) -> Future[Any]:
-        future: Future[Any] = Future()
+    def submit(self, fn: Callable[..., T], *args: Any, last: bool = False) -> Future[T]:
+        """
+        Queue ``fn(*args)`` on the owner thread; its future (wait for it with :meth:`wait` or :meth:`wait_async`).
+
+        ``last`` makes it the thread's last call: no call is accepted after it.
+
+        Raises
+        ------
+        SessionError
+            If the host has shut down.
+        """
+        future: Future[T] = Future()
         with self._lock:
             if not self._accepting:
                 raise SessionError(self._ended())
@@ -209,19 +213,9 @@ class EngineHost:
                 self._queue.put(_STOP)
         return future
 
-    def run(self, fn: Callable[..., T], *args: Any, on_late: Callable[[T], None] | None = None) -> T:
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
         """
         Run ``fn(*args)`` on the owner thread and return what it returns (in place when called there).
-
-        Parameters
-        ----------
-        fn : callable
-            The call.
-        on_late : callable, optional
-            If the caller stops waiting (an exception arrives in its thread: a
-            task's timeout, a signal) after ``fn`` started, ``on_late(value)``
-            runs on the owner thread with what ``fn`` returns; a call that had
-            not started is dropped.
 
         Raises
         ------
@@ -232,29 +226,58 @@ class EngineHost:
         """
         if threading.current_thread() is self.thread:
             return fn(*args)
-        future = self._submit(fn, *args)
+        return self.wait(self.submit(fn, *args))
+
+    def wait(self, future: Future[T], *, on_late: Callable[[T], None] | None = None) -> T:
+        """
+        Wait for a call :meth:`submit` queued, in short slices, and return its value.
+
+        Parameters
+        ----------
+        future : concurrent.futures.Future
+        on_late : callable, optional
+            If the caller stops waiting (an exception arrives in its thread: a
+            task's timeout, a signal) after the call started, ``on_late(value)``
+            runs on the owner thread with what the call returns; a call that had
+            not started is dropped.
+
+        Raises
+        ------
+        SessionError
+            If the host shut down before the call started.
+        BaseException
+            Whatever the call raises, or what interrupted the wait.
+        """
         try:
-            while True:
-                try:
-                    return future.result(timeout=WAIT_SLICE_S)
-                except FutureTimeout:
-                    if future.done():  # the call itself raised TimeoutError
-                        return future.result()
-                except CancelledError:
-                    raise SessionError(self._ended()) from None
+            while not _ended_within(future, WAIT_SLICE_S):
+                pass
+            return future.result()
+        except CancelledError:
+            raise SessionError(self._ended()) from None
         except BaseException:
-            if not future.cancel() and on_late is not None:
-                future.add_done_callback(lambda done: self._late(done, on_late))
+            self._abandon(future, on_late)
             raise
+
+    async def wait_async(self, future: Future[T], *, on_late: Callable[[T], None] | None = None) -> T:
+        """:meth:`wait` for a coroutine: awaits the call's future on the event loop (no thread); the same errors and ``on_late``."""
+        try:
+            return await asyncio.shield(asyncio.wrap_future(future))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if future.cancelled() and (task is None or not task.cancelling()):
+                raise SessionError(self._ended()) from None  # the host shut down before the call started
+            self._abandon(future, on_late)
+            raise
+
+    def _abandon(self, future: Future[Any], on_late: Callable[[Any], None] | None) -> None:
+        """The caller stopped waiting: drop the call if it has not started, else hand its value to ``on_late``."""
+        if not future.cancel() and on_late is not None:
+            future.add_done_callback(lambda done: self._late(done, on_late))
 
     def _late(self, future: Future[Any], on_late: Callable[[Any], None]) -> None:
         """Give a call's value to ``on_late`` on the owner thread, once the call ends, when its caller stopped waiting."""
-        if future.cancelled() or future.exception() is not None:
-            return
-        if threading.current_thread() is self.thread:
-            on_late(future.result())
-        else:  # the call ended as its caller stopped waiting: the callback runs here, not there
-            self.post(on_late, future.result())
+        if future.exception() is None:  # it had started, so it was not cancelled
+            self.post(on_late, future.result())  # in place on the owner thread; queued there when the call ended first
 
     def post(self, fn: Callable[..., Any], *args: Any) -> bool:
         """
@@ -269,89 +292,21 @@ class EngineHost:
             fn(*args)
             return True
         try:
-            self._submit(fn, *args)
+            self.submit(fn, *args)
         except SessionError:
             return False
         return True
 
-    def _engine(self) -> RunningEngine:
+    @property
+    def engine(self) -> RunningEngine:
+        """The running engine (on the owner thread); ``SessionError`` once it has shut down."""
         if self.running is None:
             raise SessionError(self._ended())
         return self.running
 
-    def call_engine(self, kind: str, lf: pl.LazyFrame, *, plan: Callable[[pl.LazyFrame], tuple[pl.QueryOptFlags, P]],
-                    after: Callable[[], None], env: Mapping[str, str | None] | None = None,
-                    on_late: Callable[[Any], None] | None = None) -> tuple[Any, Reading, float, P]:
-        """
-        One engine call on the owner thread, in one hand-off: ``plan(lf)``, ``kind`` (``"execute"`` or ``"collect"``), then ``after()``.
-
-        ``plan`` runs with ``env`` set, as the engine call does: planning an
-        object-store scan lists its objects and reads their schema. ``after()``
-        runs whether the plan and the engine call succeeded or not (a session
-        frees what the call's claimed inputs still hold there); then the
-        engine's memory is read, with the rows and bytes of a persisted result.
-
-        Parameters
-        ----------
-        kind : {"execute", "collect"}
-        lf : polars.LazyFrame
-        plan : callable
-            Takes ``lf``; returns the optimizations (``polars.QueryOptFlags``)
-            to run it with, and anything the caller keeps from planning.
-        after : callable
-        env : mapping of str to (str or None), optional
-            Environment variables set in this process and on every rank for the
-            plan and the engine call alone (``None`` unsets one); the previous
-            values are back afterwards. Used for object-store credentials.
-        on_late : callable, optional
-            As for :meth:`run`.
-
-        Returns
-        -------
-        (value, reading, seconds, planned)
-            The persisted result (``execute``) or host DataFrame (``collect``),
-            the reading, the engine call's seconds, and the second item ``plan``
-            returned.
-
-        Raises
-        ------
-        SessionError
-            If the host has shut down.
-        Exception
-            What ``plan`` or the engine raised (planning raises polars' errors:
-            a file or column that is not there).
-        """
-
-        def call() -> tuple[Any, Reading, float, P]:
-            running = self._engine()
-            try:
-                with self._environment(running, env):
-                    flags, planned = plan(lf)
-                    started = time.perf_counter()
-                    value = getattr(running, kind)(lf, flags)
-            finally:
-                after()
-            seconds = time.perf_counter() - started
-            return value, running.read(value if kind == "execute" else None), seconds, planned
-
-        return self.run(call, on_late=on_late)
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _environment(running: RunningEngine, env: Mapping[str, str | None] | None) -> Iterator[None]:
-        if not env:
-            yield
-            return
-        with environment(env):
-            try:
-                running.set_rank_environment(env)
-                yield
-            finally:
-                running.restore_rank_environment()
-
     def read(self) -> Reading:
         """The engine's memory now, read on the owner thread."""
-        return self.run(lambda: self._engine().read())
+        return self.run(lambda: self.engine.read())
 
     def run_bounded(self, fn: Callable[[], None], *, timeout: float) -> bool:
         """
@@ -367,7 +322,7 @@ class EngineHost:
         SessionError
             If the host has shut down.
         """
-        return _ended_within(self._submit(fn), timeout)
+        return _ended_within(self.submit(fn), timeout)
 
     def shutdown(self, deadline: float | None, *, before: Callable[[], None] | None = None) -> bool:
         """
@@ -398,7 +353,7 @@ class EngineHost:
             What ``before`` or closing the stack raised (the engine is dropped either way).
         """
         try:
-            future = self._submit(self._close, before, last=True)
+            future = self.submit(self._close, before, last=True)
         except SessionError:
             return True
         if _ended_within(future, deadline):
@@ -410,33 +365,31 @@ class EngineHost:
         return False
 
     def _close(self, before: Callable[[], None] | None) -> None:
-        started = time.perf_counter()
-        try:
-            if before is not None:
-                before()
-        finally:
-            try:
-                self._stack.close()
-            finally:
-                self.running = None  # freed here, on the thread that created it
-                self.shutdown_seconds = time.perf_counter() - started
-                if self._failed_call:
-                    # Objects of the engine held only by reference cycles (an exception and the frames
-                    # that caught it, inside a failed query or move) would keep device memory, and the
-                    # memory resource that owns it, until the interpreter's next collection: collect them.
-                    gc.collect()
-                self._admitted.close()  # the slots, once the engine and its memory resource are gone
+        self._closing_at = time.perf_counter()
+        if before is not None:
+            self._stack.callback(before)  # the first to run; the stack closes whatever it raises
+        self._stack.close()
+
+    def _drop_engine(self) -> None:
+        """In the exit stack, once the engine's own exits ran: drop it here, on the thread that created it."""
+        self.running = None
+        self.shutdown_seconds = time.perf_counter() - self._closing_at
+        if self._failed_call:
+            # Objects of the engine held only by reference cycles (an exception and the frames that caught
+            # it, inside a failed query or move) would keep device memory, and the memory resource that owns
+            # it, until the interpreter's next collection: collect them before the slots are given back.
+            gc.collect()
 
 
-def _run_log() -> Log:
-    """``log(level, msg, *args)`` to the run logger of the Prefect run here, else the ``prefect_cudf_polars`` logger."""
-    from prefect.exceptions import MissingContextError
-    from prefect.logging.loggers import get_logger, get_run_logger
-
-    try:
-        return get_run_logger().log
-    except MissingContextError:
-        return get_logger("prefect_cudf_polars").log
+@contextlib.contextmanager
+def call_environment(running: RunningEngine, env: Mapping[str, str | None] | None) -> Iterator[None]:
+    """Set ``env`` in this process and on every rank for one engine call (``None`` unsets a variable); put back after."""
+    with ExitStack() as stack:
+        if env:
+            stack.enter_context(environment(env))
+            stack.callback(running.restore_rank_environment)
+            running.set_rank_environment(env)
+        yield
 
 
 def _ended_within(future: Future[Any], timeout: float | None) -> bool:

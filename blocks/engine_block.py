@@ -9,60 +9,38 @@ opens for one flow run.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import difflib
-import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from prefect_cudf_polars.blocks.errors import BlockNotFoundError
+from prefect_cudf_polars.blocks.engine_options import (
+    NAMED_EXECUTOR_KEYS, RESERVED_EXECUTOR_KEYS, EngineOptions, streaming_executor_fields)
+from prefect_cudf_polars.blocks.errors import (
+    ADMISSION_NEEDS_LIMIT, LIMIT_NAME_RULE, MEMORY_AMOUNT_RULE, SAVE_ENGINE, BlockNotFoundError, invalid_fields)
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.active import SessionProvider
 
 Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 
-# Keys this block owns through its named fields.
-_NAMED_EXECUTOR_KEYS = frozenset({"target_partition_size", "max_rows_per_partition"})
-#: A percentage or a number of bytes, as the UI form checks it (JSON Schema).
-_LIMIT_PATTERN = r"^(\d+(\.\d+)?%|\d+)$"
+# Each rule below is checked once, by the field's validator; the UI form's JSON Schema is derived from it
+# (the validator's json_schema_input_type), so the form and the block refuse the same values.
+#: A device memory amount as text: a percentage above 0 and at most 100 ("80%", "0.5%"), or a positive number of bytes.
+MEMORY_AMOUNT_PATTERN = r"^(?:(?:100(?:\.0+)?|0*[1-9]\d?(?:\.\d+)?|0+\.\d*[1-9]\d*)%|0*[1-9]\d*)$"
 #: A Prefect global concurrency limit's name (Prefect 3.9: no / % & > <), without spaces around it.
 LIMIT_NAME_PATTERN = r"^[^/%&><\s]([^/%&><]*[^/%&><\s])?$"
-_SPILL_LIMIT = re.compile(r"^(?:(?P<percent>\d+(?:\.\d+)?)%|(?P<bytes>\d+))$")
+_MemoryAmount = Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=MEMORY_AMOUNT_PATTERN)] | None
+_Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 # Keys Prefect 3.9's Block serializer adds to a block's data (Block.ser_model,
 # Block.validate_block_type_slug); a saved block's document carries them.
 _PREFECT_BLOCK_KEYS = frozenset(
     {"block_type_slug", "_block_document_id", "_block_document_name", "_is_anonymous"})
-
-#: ``StreamingExecutor``'s init fields in cudf-polars 26.10, for machines where it cannot be imported.
-STREAMING_EXECUTOR_FIELDS = frozenset({
-    "broadcast_limit", "client_device_threshold", "cluster", "dask_context", "dynamic_planning",
-    "fallback_mode", "join_filter_pushdown", "kvikio_bounce_buffer_bytes", "kvikio_nthreads",
-    "kvikio_reactor_count", "kvikio_reactor_dispatch", "kvikio_remote_io_backend", "kvikio_request_ceiling",
-    "kvikio_statistics", "kvikio_task_size", "max_concurrent_io_tasks", "max_rows_per_partition",
-    "min_device_size", "num_py_executors", "quent_context", "ray_context", "sink_to_directory",
-    "spmd_context", "target_partition_size",
-})
-
-#: Keys cudf-polars sets itself for the backend (``cudf_polars.engine.core._RESERVED_EXECUTOR_KEYS``, 26.10).
-RESERVED_EXECUTOR_KEYS = frozenset({"cluster", "spmd_context", "ray_context", "dask_context"})
-
-#: rmm memory resources a user picks by name (``device_memory_resource``).
-MEMORY_RESOURCES: dict[str, str] = {
-    "async": "rmm.mr.CudaAsyncMemoryResource", "pool": "rmm.mr.PoolMemoryResource",
-    "managed": "rmm.mr.ManagedMemoryResource", "cuda": "rmm.mr.CudaMemoryResource",
-}
-
-
-def bytes_of(value: int | str, total: int) -> int:
-    """A limit field's value in bytes: a percentage (``"40%"``) of ``total`` bytes, else its bytes."""
-    text = str(value)
-    return int(total * float(text[:-1]) / 100) if text.endswith("%") else int(text)
 
 
 def _did_you_mean(name: str, choices: Any) -> str:
@@ -71,32 +49,7 @@ def _did_you_mean(name: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-@functools.cache
-def streaming_executor_fields() -> tuple[frozenset[str], str]:
-    """
-    ``StreamingExecutor``'s option names, and where they were read.
-
-    cudf-polars 26.10 passes a GPU engine's executor options to
-    ``StreamingExecutor(**options)``, a dataclass whose init fields are the
-    option names. Where cudf-polars can be imported they are read from it;
-    elsewhere from :data:`STREAMING_EXECUTOR_FIELDS`.
-
-    Returns
-    -------
-    (names, source) : tuple of frozenset of str and str
-        ``source`` is ``"cudf-polars 26.10.02"`` (the installed version), or
-        ``"cudf-polars 26.10"`` for the built-in list.
-    """
-    try:
-        import cudf_polars
-        from cudf_polars.utils.config import StreamingExecutor
-    except Exception:  # not installed, or its CUDA wheels cannot load here
-        return STREAMING_EXECUTOR_FIELDS, "cudf-polars 26.10"
-    names = frozenset(f.name for f in dataclasses.fields(StreamingExecutor) if f.init)
-    return names, f"cudf-polars {cudf_polars.__version__}"
-
-
-class CudfPolarsEngine(Block):
+class CudfPolarsEngine(Block, EngineOptions):
     """
     Configuration of the cudf-polars engine a flow run uses.
 
@@ -188,8 +141,8 @@ class CudfPolarsEngine(Block):
     admission_limit : str or None
         The name of a Prefect global concurrency limit whose slots are GiB of
         device memory: the session occupies ``ceil(device_memory_limit / GiB)``
-        slots before its engine starts and gives them back after it has shut
-        down (needs ``device_memory_limit``). ``None`` (default): no admission.
+        slots for each GPU its engine uses before the engine starts, and gives
+        them back after it has shut down (needs ``device_memory_limit``). ``None`` (default): no admission.
     admission_timeout : float
         Seconds a session waits for its slots (default 3600); then its first
         GPU task run fails with :class:`~prefect_cudf_polars.blocks.AdmissionError`.
@@ -217,10 +170,8 @@ class CudfPolarsEngine(Block):
     _block_type_slug: ClassVar[str] = "cudf-polars-engine"
     _logo_url: ClassVar[str] = "https://avatars.githubusercontent.com/u/43887749"
     _documentation_url: ClassVar[str] = "https://docs.rapids.ai/api/cudf/stable/cudf_polars/"
-    _description: ClassVar[str] = (
-        "Configures the cudf-polars engine that keeps Prefect task results on the GPU. "
-        "Configuration only: each flow run opens its own engine session."
-    )
+    _description: ClassVar[str] = ("Configures the cudf-polars engine that keeps Prefect task results on the GPU. "
+                                   "Configuration only: each flow run opens its own engine session.")
 
     backend: Backend = Field(
         default="auto", description="auto: spmd with one GPU, dask with several; cpu: polars CPU engine.")
@@ -228,11 +179,9 @@ class CudfPolarsEngine(Block):
         default=False, description="With no usable GPU, warn and use the cpu backend instead of failing.")
     raise_on_fail: bool = Field(default=True, description="Fail a query cudf-polars cannot run on the GPU "
                                 "instead of running it on the CPU.")
-    target_partition_size: int | None = Field(
-        default=None, gt=0, description="Target IO partition size in bytes.")
+    target_partition_size: int | None = Field(default=None, gt=0, description="Target IO partition size in bytes.")
     max_rows_per_partition: int | None = Field(default=None, gt=0, description="Most rows in one partition.")
-    # The UI form's constraints (JSON Schema); the validator below says what is wrong and what is allowed.
-    spill_device_limit: Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=_LIMIT_PATTERN)] | None = Field(
+    spill_device_limit: int | str | None = Field(
         default=None, description="Spill to host above this device memory use: a percentage of GPU memory "
         '("80%"; of device_memory_limit when one is set) or a number of bytes.')
     device_memory_resource: Literal["async", "pool", "managed", "cuda"] = Field(
@@ -242,27 +191,27 @@ class CudfPolarsEngine(Block):
     dask_scheduler_address: str | None = Field(
         default=None, description="backend dask: scheduler of an existing GPU cluster (never shut down); "
         "empty starts a LocalCUDACluster the session owns.")
-    dask_connect_timeout: float = Field(
-        default=30.0, gt=0, allow_inf_nan=False, description="Seconds to wait for dask_scheduler_address to answer.")
+    dask_connect_timeout: _Seconds = Field(
+        default=30.0, description="Seconds to wait for dask_scheduler_address to answer.")
     ray_address: str | None = Field(
         default=None, description="backend ray: address of an existing Ray cluster (never stopped); "
         "empty starts a new local Ray the session stops (even when RAY_ADDRESS is set).")
-    teardown_timeout: float = Field(
-        default=20.0, gt=0, allow_inf_nan=False, description="Seconds the session's end waits for the engine to release results "
+    teardown_timeout: _Seconds = Field(
+        default=20.0, description="Seconds the session's end waits for the engine to release results "
         "and shut down; then results are marked released without it and a warning is logged.")
     executor_options: dict[str, Any] = Field(
         default_factory=dict, description="More cudf-polars streaming executor options, passed as they are.")
-    device_memory_limit: Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=_LIMIT_PATTERN)] | None = Field(
+    device_memory_limit: int | str | None = Field(
         default=None, description="Device memory the engine may use: bytes, or a percentage of the GPU's memory "
         '("40%"); empty is the whole GPU. Lets several flow runs share one GPU.')
     spill_results: Literal["off", "host"] = Field(
         default="off", description="off: an engine call that held results leave no room for fails, naming them; "
         "host: the least recently produced unread results move to host memory until it fits.")
     admission_limit: str | None = Field(
-        default=None, pattern=LIMIT_NAME_PATTERN, description="Prefect global concurrency limit whose slots are GiB of device memory: a flow "
-        "run occupies ceil(device_memory_limit / GiB) slots while its engine runs. Needs device_memory_limit.")
-    admission_timeout: float = Field(
-        default=3600.0, gt=0, allow_inf_nan=False, description="Seconds a flow run waits for its admission slots before it fails.")
+        default=None, description="Prefect global concurrency limit whose slots are GiB of device memory: a flow "
+        "run occupies ceil(device_memory_limit / GiB) slots per GPU while its engine runs. Needs device_memory_limit.")
+    admission_timeout: _Seconds = Field(
+        default=3600.0, description="Seconds a flow run waits for its admission slots before it fails.")
     result_artifacts: bool = Field(
         default=False, description="One artifact per result on the task run that produced it (an API call "
         "each); the result.created event and the flow run's summary artifact carry the same facts.")
@@ -283,47 +232,40 @@ class CudfPolarsEngine(Block):
                                  f"CudfPolarsEngine's fields are: {', '.join(cls.model_fields)}")
         return values
 
-    @field_validator("spill_device_limit", "device_memory_limit", mode="before")
+    @field_validator("spill_device_limit", "device_memory_limit", mode="plain", json_schema_input_type=_MemoryAmount)
     @classmethod
     def _check_limit(cls, value: Any, info: ValidationInfo) -> int | str | None:
         if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             return value
-        of = "the GPU's memory (on the cpu backend, the machine's)" if info.field_name == "device_memory_limit" else \
-            "GPU memory"
-        allowed = (f'a percentage of {of} above 0% and at most 100% ("80%") or a positive '
-                   'number of bytes (60_000_000_000 or "60000000000")')
+        if isinstance(value, str) and re.match(MEMORY_AMOUNT_PATTERN, value.strip()):
+            return value.strip()
+        allowed = MEMORY_AMOUNT_RULE.format(of="GPU memory" if info.field_name == "spill_device_limit" else
+                                            "the GPU's memory (on the cpu backend, the machine's)")
         if isinstance(value, float):
             hint = f' (for a fraction of GPU memory write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
             raise ValueError(f"{info.field_name}={value!r} is a float, not {allowed}{hint}")
-        match = _SPILL_LIMIT.match(value.strip()) if isinstance(value, str) else None
-        fits = match is not None and (
-            0 < float(match["percent"]) <= 100 if match["percent"] else int(match["bytes"]) > 0)
-        if not fits:
-            raise ValueError(f"{info.field_name}={value!r} is not {allowed}")
-        return value.strip()
+        raise ValueError(f"{info.field_name}={value!r} is not {allowed}")
 
-    @field_validator("admission_limit", mode="before")
+    @field_validator("admission_limit", mode="plain",
+                     json_schema_input_type=Annotated[str, Field(pattern=LIMIT_NAME_PATTERN)] | None)
     @classmethod
-    def _check_limit_name(cls, value: Any) -> Any:
+    def _check_limit_name(cls, value: Any) -> str | None:
         if value is None or (isinstance(value, str) and re.match(LIMIT_NAME_PATTERN, value)):
             return value
-        raise ValueError(f"admission_limit={value!r} is not a Prefect global concurrency limit's name: a non-empty "
-                         "name without '/', '%', '&', '>' or '<' and without spaces around it (e.g. \"gpu-memory\")")
+        raise ValueError(f"admission_limit={value!r} is not {LIMIT_NAME_RULE}")
 
     @field_validator("executor_options")
     @classmethod
     def _check_executor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
         if bad := sorted(RESERVED_EXECUTOR_KEYS & value.keys()):
             raise ValueError(f"executor_options may not set {bad}: cudf-polars sets them for the backend")
-        if bad := sorted(_NAMED_EXECUTOR_KEYS & value.keys()):
+        if bad := sorted(NAMED_EXECUTOR_KEYS & value.keys()):
             raise ValueError(f"executor_options may not set {bad}: use the block field of that name")
         fields, source = streaming_executor_fields()
-        allowed = sorted(fields - RESERVED_EXECUTOR_KEYS - _NAMED_EXECUTOR_KEYS)
+        allowed = sorted(fields - RESERVED_EXECUTOR_KEYS - NAMED_EXECUTOR_KEYS)
         if unknown := sorted(value.keys() - set(allowed)):
-            raise ValueError(
-                f"executor_options key {unknown[0]!r} is not a {source} streaming executor option"
-                f"{_did_you_mean(unknown[0], allowed)}; the options allowed here: {', '.join(allowed)}"
-            )
+            raise ValueError(f"executor_options key {unknown[0]!r} is not a {source} streaming executor option"
+                             f"{_did_you_mean(unknown[0], allowed)}; the options allowed here: {', '.join(allowed)}")
         return value
 
     @model_validator(mode="after")
@@ -336,146 +278,14 @@ class CudfPolarsEngine(Block):
             raise ValueError(f"device_memory_pool_size={pool} is over device_memory_limit={limit}: the pool would "
                              "reserve memory the limit does not count; make it at most the limit")
         if self.admission_limit is not None and self.device_memory_limit is None:
-            raise ValueError(f"admission_limit={self.admission_limit!r} needs device_memory_limit: the slots a flow "
-                             "run occupies are its device memory limit in GiB (set device_memory_limit, e.g. \"40%\")")
+            raise ValueError(ADMISSION_NEEDS_LIMIT.format(name=self.admission_limit))
         return self
-
-    def memory_limit_bytes(self, total: int | None) -> int | None:
-        """
-        ``device_memory_limit`` in bytes (``None`` when unset).
-
-        Parameters
-        ----------
-        total : int or None
-            Bytes a percentage is of: the smallest GPU's memory (on ``cpu``, the machine's memory).
-
-        Raises
-        ------
-        ValueError
-            The limit is a percentage and ``total`` is unknown.
-        """
-        value = self.device_memory_limit
-        if value is None:
-            return None
-        if total is None and str(value).endswith("%"):
-            raise ValueError(f"device_memory_limit={value!r} is a percentage, but this machine's memory could not be "
-                             "read; give the limit in bytes on the CudfPolarsEngine block.")
-        return bytes_of(value, total or 0)
-
-    def memory_resource_config(self) -> dict[str, Any] | None:
-        """
-        The block's rmm choice as cudf-polars' ``memory_resource_config``.
-
-        Returns
-        -------
-        dict or None
-            ``{"qualname": ..., "options": {...}}``, or ``None`` for cudf-polars'
-            own default (``"async"`` with no pool size: ``CudaAsyncMemoryResource``
-            with a release threshold of 90 % of GPU memory).
-        """
-        kind, size = self.device_memory_resource, self.device_memory_pool_size
-        if kind == "async" and size is None:
-            return None
-        options: dict[str, Any] = {}
-        if kind == "pool":
-            options["upstream_mr"] = {"qualname": MEMORY_RESOURCES["cuda"]}
-        if size is not None:
-            options["initial_pool_size"] = size
-        return {"qualname": MEMORY_RESOURCES[kind], "options": options}
-
-    def executor_settings(self) -> dict[str, Any]:
-        """
-        The streaming executor options the block sets: its named fields, then ``executor_options``.
-
-        Unset fields stay unset, so cudf-polars' environment variables
-        (``CUDF_POLARS__*``) and defaults apply to them.
-        """
-        named = {"target_partition_size": self.target_partition_size,
-                 "max_rows_per_partition": self.max_rows_per_partition}
-        return {**{k: v for k, v in named.items() if v is not None}, **self.executor_options}
-
-    def engine_kwargs(self, limit: int | None = None, *, device_total: int | None = None,
-                      host_total: int | None = None) -> dict[str, Any]:
-        """
-        The block as the keyword arguments of ``SPMDEngine``, ``DaskEngine`` and ``RayEngine``.
-
-        The one translation of the block's fields into cudf-polars 26.10's
-        ``StreamingOptions`` (``engine/options.py``), constructed by keyword:
-        ``rapidsmpf_options``, ``executor_options`` and ``engine_options``.
-        Imports cudf-polars.
-
-        With a device memory ``limit`` (bytes, :meth:`memory_limit_bytes`) that
-        is three settings in cudf-polars 26.10.2: the memory resource becomes an
-        ``rmm.mr.LimitingResourceAdaptor`` at ``limit`` over the block's resource
-        (the default ``CudaAsyncMemoryResource`` with ``release_threshold=limit``);
-        rapidsmpf's ``spill_device_limit`` is given in bytes below it (its
-        percentages are of the whole device: a percentage here is of the limit,
-        80 % when unset); and ``pinned_max_pool_size`` is the share of 80 % of
-        ``host_total`` that the limit is of ``device_total`` (rapidsmpf's default
-        lets each engine pin 80 % of its GPU's share of host memory), when both are known.
-
-        Parameters
-        ----------
-        limit : int, optional
-            ``device_memory_limit`` in bytes.
-        device_total, host_total : int, optional
-            The GPU's memory and the host memory per GPU (the machine's divided by the visible GPUs), in bytes.
-
-        Returns
-        -------
-        dict
-        """
-        from cudf_polars.engine.options import StreamingOptions
-        from cudf_polars.utils.config import MemoryResourceConfig
-
-        named: dict[str, Any] = {"raise_on_fail": self.raise_on_fail}
-        if self.spill_device_limit is not None:
-            # cudf-polars 26.10's StreamingOptions.spill_device_limit is a str ("80%" or bytes).
-            named["spill_device_limit"] = str(self.spill_device_limit)
-        mr = self.memory_resource_config()
-        if limit is not None:
-            named["spill_device_limit"] = str(min(bytes_of(self.spill_device_limit or "80%", limit), limit))
-            upstream = mr or {"qualname": MEMORY_RESOURCES["async"], "options": {}}
-            if upstream["qualname"] == MEMORY_RESOURCES["async"]:
-                upstream["options"]["release_threshold"] = limit
-            mr = {"qualname": "rmm.mr.LimitingResourceAdaptor", "options": {"upstream_mr": upstream,
-                                                                            "allocation_limit": limit}}
-            if device_total and host_total:
-                named["pinned_max_pool_size"] = str(int(0.8 * host_total * limit / device_total))
-        if mr is not None:
-            named["memory_resource_config"] = MemoryResourceConfig(**mr)
-        options = StreamingOptions(**named)
-        return {
-            "rapidsmpf_options": options.to_rapidsmpf_options(),
-            "executor_options": {**options.to_executor_options(), **self.executor_settings()},
-            "engine_options": options.to_engine_options(),
-        }
-
-    def local_cluster_kwargs(self) -> dict[str, Any]:
-        """
-        The block as ``dask_cuda.LocalCUDACluster`` keyword arguments (one thread per worker).
-
-        ``device_memory_pool_size`` becomes ``rmm_pool_size`` (bytes) and
-        ``spill_device_limit`` dask-cuda's ``device_memory_limit`` (a fraction of
-        GPU memory, or bytes).
-        """
-        kwargs: dict[str, Any] = {"threads_per_worker": 1}
-        if self.device_memory_pool_size is not None:
-            kwargs["rmm_pool_size"] = self.device_memory_pool_size
-        if self.spill_device_limit is not None:
-            limit = str(self.spill_device_limit)
-            kwargs["device_memory_limit"] = float(limit[:-1]) / 100 if limit.endswith("%") else int(limit)
-        return kwargs
 
     @classmethod
     async def aload(cls, name: str, validate: bool = True, client: Any = None) -> CudfPolarsEngine:
         """The async form of :meth:`load` (Prefect's ``Block.aload``): the same parameters, result and errors."""
-        try:
+        with _plain_load_errors(name):
             return await super().aload(name, validate=validate, client=client)
-        except (ValueError, RuntimeError) as exc:
-            if (error := _load_error(name, exc)) is exc:
-                raise
-            raise error from None
 
     @classmethod
     def load(cls, name: str, validate: bool = True, client: Any = None) -> Any:
@@ -508,12 +318,8 @@ class CudfPolarsEngine(Block):
             UI or through the API); the message names each field and what it
             allows. Nothing was started.
         """
-        try:
+        with _plain_load_errors(name):
             loaded = super().load(name, validate=validate, client=client)
-        except (ValueError, RuntimeError) as exc:
-            if (error := _load_error(name, exc)) is exc:
-                raise
-            raise error from None
         if inspect.iscoroutine(loaded):  # Prefect 3.9 in async code: Block.aload's coroutine
             loaded.close()
             return cls.aload(name, validate=validate, client=client)
@@ -543,27 +349,27 @@ class CudfPolarsEngine(Block):
         return self.session_type(self)
 
 
-def _load_error(name: str, exc: Exception) -> Exception:
+@contextlib.contextmanager
+def _plain_load_errors(name: str) -> Iterator[None]:
     """
     Prefect's load errors made plain: "Unable to find block document" as a :class:`BlockNotFoundError`, a saved
     value the fields refuse (Prefect's "failed validation", caused by pydantic's error) as a ``ValueError``
     naming each field and what it allows; other errors as they are.
     """
-    if isinstance(exc.__cause__, ValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the block'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.__cause__.errors())
-        return ValueError(
-            f"The saved cudf-polars engine block {name!r} holds a value its fields do not allow: {problems}. Fix "
-            f"it in the Prefect UI (Blocks, {name!r}) or save it again: `CudfPolarsEngine(...).save({name!r}, "
-            "overwrite=True)`."
-        )
-    if not isinstance(exc, ValueError) or "Unable to find block document" not in str(exc):
-        return exc
-    return BlockNotFoundError(
-        f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save one with "
-        f"`prefect-cudf-polars save-engine {name} --backend auto` (or "
-        f"`CudfPolarsEngine(backend=...).save({name!r})`), or list the saved ones with `prefect block ls`."
-    )
+    try:
+        yield
+    except (ValueError, RuntimeError) as exc:
+        if isinstance(exc.__cause__, ValidationError):
+            raise ValueError(
+                f"The saved cudf-polars engine block {name!r} holds a value its fields do not allow: "
+                f"{invalid_fields(exc.__cause__)}. Fix it in the Prefect UI (Blocks, {name!r}) or save it again: "
+                f"`CudfPolarsEngine(...).save({name!r}, overwrite=True)`.") from None
+        if isinstance(exc, ValueError) and "Unable to find block document" in str(exc):
+            raise BlockNotFoundError(
+                f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save one with "
+                f"{SAVE_ENGINE.format(name=name, backend='auto')} (or `CudfPolarsEngine(backend=...).save({name!r})`), "
+                "or list the saved ones with `prefect block ls`.") from None
+        raise
 
 
 def load_engine_block(name: str) -> CudfPolarsEngine:

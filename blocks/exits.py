@@ -64,10 +64,7 @@ def _close_open_sessions() -> None:
             f"cudf-polars engine session {session.id} ({session.backend}) was still open when the interpreter "
             f"exited; its teardown now releases {len(live)} live result(s){': ' + named if named else ''}. Close "
             "the session (leave `with block.session():`, or use CudfPolarsTaskRunner) so results are released "
-            "when the flow run ends.",
-            RuntimeWarning,
-            stacklevel=1,
-        )
+            "when the flow run ends.", RuntimeWarning, stacklevel=1)
         try:
             session.close_at_exit()
         except Exception as exc:  # the engine failed at exit

@@ -54,9 +54,7 @@ MAX_LINEAGE_DEPTH = 200
 
 def _run_as_is(query: Any) -> pl.LazyFrame:
     """The lineage function of ``execute``: the query itself, or the result's frame."""
-    if isinstance(query, GPUResult):
-        return query.lazy()
-    return query
+    return query.lazy() if isinstance(query, GPUResult) else query
 
 
 class Lineage:
@@ -112,13 +110,10 @@ class Lineage:
         for value in inputs:
             if isinstance(value, pl.LazyFrame):
                 if reads_in_process_source(value):
-                    return (
-                        f"the query given to {self.label} reads an in-process source (a "
-                        "GPUResult's .lazy() frame built outside a GPU task) whose data "
-                        "was moved out when it was read, and prefect-cudf-polars cannot "
-                        "tell which result it was. Pass the GPUResult itself to a gpu_task "
-                        "(or to execute) so its lineage is recorded"
-                    )
+                    return (f"the query given to {self.label} reads an in-process source (a GPUResult's .lazy() "
+                            "frame built outside a GPU task) whose data was moved out when it was read, and "
+                            "prefect-cudf-polars cannot tell which result it was. Pass the GPUResult itself to a "
+                            "gpu_task (or to execute) so its lineage is recorded")
             elif value.lineage is None:
                 return f"its input {value.name!r} (id {value.id}) has no recorded lineage (at {self.label})"
             elif (reason := value.lineage.unreplayable_reason(_depth + 1)) is not None:

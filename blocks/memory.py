@@ -1,90 +1,109 @@
 """
-Held memory: the budget a session keeps its held results under, and results moved to host memory.
+Held memory: one ledger per engine host, per rank, of the results held on the engine, and results moved to host memory.
 
 With the block's ``device_memory_limit`` the engine's memory resource is
-capped (on ``cpu``, the host store counts the same way). A result's partitions
-stay in the engine's memory between tasks, and cudf-polars 26.10 keeps them in
-its rank-local store, outside rapidsmpf's spill manager: what a flow run holds
-never spills by itself. A new result's size is known only once it exists, so
-before each engine call the session keeps the unread results the call does not
-read within the *held budget*::
+capped on every rank (on ``cpu``, the host store counts the same way). A
+result's partitions stay in the engine's memory between tasks, and cudf-polars
+26.10 keeps them in its rank-local store, outside rapidsmpf's spill manager:
+what a flow run holds never spills by itself. The engine host keeps one
+:class:`MemoryLedger` of every held result of every session on it (a flow run,
+and the subflows that share its block), and before each engine call keeps the
+unread results the call does not read within the *held budget* of each rank::
 
-    held budget = limit - max(20 % of the limit, the largest partition held)
+    held budget = limit - max(20 % of the limit, the largest partition held on the rank)
 
-which leaves the query at least a fifth of the limit, and room for the largest
-partition it may read (one in host memory included), as working memory. The
-results the call reads, and those other queued calls have claimed, are their
-working memory, not held. When the unread others hold more than the budget:
+which leaves the query at least a fifth of each rank's limit, and room for the
+largest partition it may read (one in host memory included), as working
+memory. The results the call reads, and those other calls have claimed, are
+their working memory, not held. When the unread others hold more than the
+budget on a rank:
 
 * ``spill_results="off"``: the call fails with
-  :class:`~prefect_cudf_polars.blocks.DeviceMemoryError` naming them and their
-  bytes; nothing has run, and every result the task did not read stays readable.
-* ``spill_results="host"``: the least recently produced unread results move to
-  host memory (:class:`HostCopy`: the engine collects each to a host
-  ``polars.DataFrame``) until the rest fit; the same check runs after each
-  engine call, so the room stays free between tasks. A moved result keeps
-  every rule of a result (read once, bound to its session, never persisted by
-  a serializer). The query that reads it scans the host frame, copying the
-  rows back to the engine as it runs; room is made for them first (the call's
-  reads and the rows coming back must then fit the budget together).
+  :class:`~prefect_cudf_polars.blocks.DeviceMemoryError` naming them, their
+  bytes and the run that produced each (a parent flow run's included); nothing
+  has run, and every result the task did not read stays readable.
+* ``spill_results="host"``: the least recently produced unread results holding
+  bytes on that rank move to host memory (:class:`HostCopy`: the engine
+  collects each to a host ``polars.DataFrame``) until the rest fit; the same
+  check runs after each engine call, so the room stays free between tasks. A
+  moved result keeps every rule of a result (read once, bound to its session,
+  never persisted by a serializer). The query that reads it scans the host
+  frame, copying the rows back to the engine as it runs; room is made for them
+  first.
 
-With a limit, the engine calls that may add a result run one at a time from
-the room they make to the result's registration (:meth:`HeldMemory.room`).
+Room is made on the engine's owner thread as a step of the engine call itself
+(after its plan is checked, before the engine runs), and a new result is
+counted there when the call produces it: the owner thread runs one call at a
+time, so each call sees every result the calls before it produced, whichever
+session made them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from prefect.logging.loggers import get_logger
 
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
-from prefect_cudf_polars.blocks.errors import DeviceMemoryError
-from prefect_cudf_polars.blocks.results import free_claimed
+from prefect_cudf_polars.blocks.errors import MAKE_ROOM, RUN_PRODUCER_AGAIN, DeviceMemoryError
 
 if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.backends.base import PersistedResult
+    from prefect_cudf_polars.blocks.backends.base import PersistedResult, RunningEngine
     from prefect_cudf_polars.blocks.results import GPUResult
 
 logger = get_logger("prefect_cudf_polars")
 
-#: Seconds a task's thread waits at a time for another engine call's room.
-WAIT_SLICE_S = 0.05
 #: The share of the limit a query keeps as working room at least.
 WORKING_SHARE = 0.2
 
-SPILL_OFF_MESSAGE = (
-    "This engine call cannot start within device_memory_limit={limit}: the results it does not read hold "
-    "{held:,} bytes, over the held budget of {budget:,} bytes (the limit less the larger of 20 % of it and the "
-    "largest partition held, the query's working room). Held: {named}. Nothing has run and those results stay "
-    "readable. On the CudfPolarsEngine block set spill_results=\"host\" (unread results move to host memory until "
-    "the call fits) or raise device_memory_limit; or read or release (`result.release()`) results sooner."
-)
-HOST_FULL_MESSAGE = (
-    "This engine call cannot start within device_memory_limit={limit}: with every unread result moved to host "
-    "memory, the inputs that unread deferred steps hold for their readers still take {held:,} bytes, over the held "
-    "budget of {budget:,} bytes. On the engine: {named}. Nothing has run. Read those deferred results sooner, run "
-    "their steps without defer=True, or raise device_memory_limit on the CudfPolarsEngine block."
-)
+SPILL_OFF_MESSAGE = ("This engine call cannot start within device_memory_limit={limit}: the results it does not read "
+                     "hold {held:,} bytes{on_rank}, over the held budget of {budget:,} bytes (the limit less the larger "
+                     "of 20 % of it and the largest partition held, the query's working room). Held: {named}. Nothing "
+                     f"has run and those results stay readable. To make room, {MAKE_ROOM}.")
+HOST_FULL_MESSAGE = ("This engine call cannot start within device_memory_limit={limit}: with every unread result moved "
+                     "to host memory, the inputs that unread deferred steps hold for their readers still take {held:,} "
+                     "bytes{on_rank}, over the held budget of {budget:,} bytes. On the engine: {named}. Nothing has "
+                     "run. Read those deferred results sooner, run their steps without defer=True, or raise "
+                     "device_memory_limit on the CudfPolarsEngine block.")
+
+#: ``moved(result, way, seconds)``: tells Prefect of a move (``"out"`` to host memory with its seconds; ``"back"``).
+Moved = Callable[["GPUResult", str, "float | None"], None]
 
 
 def held_budget(limit: int, largest_partition: int) -> int:
-    """Bytes the results a call does not read may hold on the engine: ``limit - max(20 % of limit, largest_partition)``."""
+    """Bytes the results a call does not read may hold on a rank: ``limit - max(20 % of limit, largest_partition)``."""
     return limit - max(int(limit * WORKING_SHARE), largest_partition)
 
 
+def over_budget(limit: int, held: Sequence[int], largest: Sequence[int]) -> list[tuple[int, int, int]]:
+    """
+    The ranks whose held bytes are over their held budget, each as ``(rank, held, budget)``.
+
+    Parameters
+    ----------
+    limit : int
+        ``device_memory_limit`` in bytes, on each rank.
+    held, largest : sequence of int
+        Per rank: the bytes the unread results a call does not read hold there, and the largest partition there.
+    """
+    budgets = [held_budget(limit, big) for big in largest]
+    return [(rank, total, budget) for rank, (total, budget) in enumerate(zip(held, budgets)) if total > budget]
+
+
 def on_engine(result: GPUResult) -> int:
-    """Bytes ``result`` holds in the engine's memory now (0 once read or released, or while in host memory)."""
+    """Bytes ``result`` holds in the engine's memory now, over its ranks (0 once read or released, or in host memory)."""
+    return sum(held_by_rank(result))
+
+
+def held_by_rank(result: GPUResult) -> tuple[int, ...]:
+    """Bytes ``result`` holds in the engine's memory now, by rank (empty once read or released, or in host memory)."""
     persisted = result.persisted
-    if persisted is None or isinstance(persisted, HostCopy):
-        return 0
-    return result.bytes or 0
+    return () if persisted is None or isinstance(persisted, HostCopy) else result.rank_bytes
 
 
 def read_by(claimed: Iterable[GPUResult]) -> dict[str, GPUResult]:
@@ -130,199 +149,157 @@ class HostCopy:
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame over the host rows (the engine copies them back as the reading query runs)."""
         if self._frame is None:
-            raise RuntimeError("This result's host copy was released; run the task that produced it again.")
+            raise RuntimeError(f"This result's host copy was released: {RUN_PRODUCER_AGAIN}.")
         return self._frame.lazy()
 
     def release(self) -> None:
         """Drop the host rows (idempotent; a frame already built keeps them until it is dropped)."""
         self._frame = None
 
-    def forget(self) -> None:
-        """Drop the host rows."""
-        self._frame = None
+    forget = release
 
 
-class EngineAccess(Protocol):
-    """What the held-memory policy asks of its session (:class:`~prefect_cudf_polars.blocks.EngineSession`)."""
-
-    running_engine: Any
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on the engine's owner thread."""
-        ...
-
-    def free(self, persisted: PersistedResult) -> None:
-        """Free ``persisted`` on the engine's owner thread."""
-        ...
-
-    def held_results(self) -> tuple[list[GPUResult], list[GPUResult]]:
-        """Every result that may hold something, and the unread ones in the order produced."""
-        ...
-
-
-class HeldMemory:
+class MemoryLedger:
     """
-    One session's held-memory policy, its moves to host memory and back, and its figures (see the module notes).
+    The results held on one engine, by rank, of every session on its host; their moves to host memory and back.
 
-    With a limit, engine calls that may add a result run one at a time from the
-    room they make to the result's registration (:meth:`room`), so each sees
-    the results the ones before it produced: the engine runs its calls one at a
-    time anyway. A result is moved under its own lock, so no claim reads it
-    meanwhile; the engine's owner thread never waits for the lock of an unread
-    result, nor for this room.
-
-    Parameters
-    ----------
-    spill : {"off", "host"}
-        The block's ``spill_results``.
-    session : EngineAccess
-        The session whose results it keeps within the budget.
-    moved : callable
-        ``moved(result, way, seconds)`` tells Prefect of a move (``way``: ``"out"`` to host memory, with its
-        seconds; ``"back"``, read back by a query, ``seconds`` None).
+    Its engine host builds it and :meth:`start` s it once the engine has started; :meth:`make_room`,
+    :meth:`read_back` and an :meth:`add` of a result holding partitions run on the engine's owner thread, as
+    steps of an engine call. A result is moved under its own lock, so no claim
+    reads it meanwhile. Without a limit it keeps nothing and every method returns at once. It holds no
+    engine: a move to host memory uses the ``running`` engine its caller passes.
 
     Attributes
     ----------
+    spill : {"off", "host"}
+        The block's ``spill_results``.
     limit : int or None
         ``device_memory_limit`` in bytes on each rank, once the engine has started (``None``: no limit).
     ranks : int
-        The engine's ranks: held bytes are summed over them, so the budget is the per-rank one times this.
+        The engine's ranks.
     peak_held : int
-        Most bytes the session's results held on the engine after any engine call.
+        Most bytes held on one rank after any engine call.
     spills : dict
         ``results``, ``bytes`` and ``out_seconds`` moved to host memory; ``back`` (results read back by a
         query, which copies them as it runs: the seconds are in its engine seconds) and ``back_bytes``.
     """
 
-    def __init__(self, spill: str, session: EngineAccess, moved: Callable[[GPUResult, str, float | None], None]) -> None:
-        self.spill, self.limit, self.ranks, self.peak_held = spill, None, 1, 0
+    def __init__(self) -> None:
+        self.spill, self.limit, self.ranks, self.peak_held = "off", None, 1, 0
         self.spills: dict[str, Any] = {"results": 0, "bytes": 0, "out_seconds": 0.0, "back": 0, "back_bytes": 0}
-        self._session, self._moved = weakref.proxy(session), moved  # the session holds this: no cycle
-        self._lock, self._room = threading.Lock(), threading.RLock()
+        self._held: dict[str, weakref.ref[GPUResult]] = {}  # in the order produced
+        self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
 
-    @contextlib.contextmanager
-    def room(self, claimed: Sequence[GPUResult]) -> Iterator[None]:
+    def start(self, spill: str, limit: int | None, ranks: int) -> None:
+        """The engine started: the block's ``spill_results``, its limit in bytes per rank (``None``: none), its ranks."""
+        self.spill, self.limit, self.ranks = spill, limit, max(ranks, 1)
+
+    def add(self, fresh: GPUResult, moved: Moved, running: RunningEngine) -> None:
         """
-        Make room for an engine call that reads ``claimed`` (:meth:`make_room`) and hold it until the block ends.
-
-        Claimed results in host memory come back as the call runs: they are counted as read back when it ends
-        without an error.
-
-        Without a limit, nothing. The wait for another call's room is in short
-        slices, so an exception Prefect injects into the task's thread (its
-        timeout) ends it.
-
-        Raises
-        ------
-        DeviceMemoryError, SessionError
-            As :meth:`make_room`.
-        """
-        if self.limit is None:
-            yield
-            return
-        self._enter_room()
-        try:
-            read = read_by(claimed)
-            coming = [r for r in read.values() if isinstance(r.persisted, HostCopy)]
-            try:
-                self.make_room(read)
-            except BaseException:
-                free_claimed(claimed)  # refused before the engine call: what the call claimed is freed, as after one
-                raise
-            yield
-            for result in coming:
-                self._count(result, "back", None)
-        finally:
-            self._room.release()
-
-    def _enter_room(self) -> None:
-        """Take the room, waiting in slices (an exception Prefect injects into the task's thread ends the wait)."""
-        while not self._room.acquire(timeout=WAIT_SLICE_S):
-            pass
-
-    def start(self, limit: int | None, ranks: int) -> None:
-        """The engine started: its ``device_memory_limit`` in bytes per rank (``None``: none) and its ranks."""
-        self.limit, self.ranks = limit, max(ranks, 1)
-
-    def note_held(self, fresh: GPUResult) -> None:
-        """
-        After an engine call produced ``fresh``: keep the peak; with ``spill="host"``, move older results until
-        the held fit the budget (best effort: a failure to move is logged; interrupted, ``fresh`` is released).
+        Hold ``fresh`` in the ledger (``moved`` tells its session's Prefect of its moves). After an engine call
+        produced it (on the owner thread): keep the peak, and with ``spill="host"`` move older results with the
+        ``running`` engine until the held fit the budget (best effort: a failure to move is logged).
         """
         if self.limit is None:
             return
-        total = sum(map(on_engine, self._session.held_results()[0]))
         with self._lock:
-            self.peak_held = max(self.peak_held, total)
+            self._held[fresh.id], self._moved[fresh] = weakref.ref(fresh), moved
+        if fresh.persisted is None:  # deferred: its plan's inputs are held already
+            return
+        peak = max(self._by_rank(self._results()))
+        with self._lock:
+            self.peak_held = max(self.peak_held, peak)
         if self.spill == "host":
             try:
-                self.make_room({}, keep=fresh, refuse=False)
+                self.make_room({}, running, keep=fresh, refuse=False)
             except Exception as exc:
                 logger.warning("cudf-polars could not move a result to host memory after %r was produced: %s: %s",
                                fresh.name, type(exc).__name__, exc)
-            except BaseException:  # interrupted (a task's timeout): the new result is not handed out
-                fresh.release()
-                raise
 
-    def make_room(self, read: Mapping[str, GPUResult], *, keep: GPUResult | None = None, refuse: bool = True) -> None:
+    def _results(self) -> list[GPUResult]:
+        """The results held, in the order produced (those that are gone, or hold nothing, leave the ledger)."""
+        with self._lock:
+            results = [r for ref in self._held.values() if (r := ref()) is not None and r.holding]
+            self._held = {r.id: weakref.ref(r) for r in results}
+        return results
+
+    def _by_rank(self, results: Iterable[GPUResult]) -> list[int]:
+        """Bytes ``results`` hold on each rank."""
+        totals = [0] * self.ranks
+        for result in results:
+            for rank, size in enumerate(held_by_rank(result)[:self.ranks]):
+                totals[rank] += size
+        return totals
+
+    def make_room(self, read: Mapping[str, GPUResult], running: RunningEngine, *, keep: GPUResult | None = None,
+                  refuse: bool = True) -> list[GPUResult]:
         """
-        Before an engine call that reads ``read`` (:func:`read_by` of what it claimed): keep the others within budget.
+        Before an engine call that reads ``read`` (:func:`read_by` of what it claimed): keep the others within budget,
+        moving results to host memory with ``running``, the engine.
 
         Results it reads from host memory come back as it runs, as working memory like its other reads.
         ``keep`` is counted but not moved (the result a call just produced). ``refuse=False`` (after a call)
         moves what it can and raises nothing when that is not enough.
 
+        Returns
+        -------
+        list of GPUResult
+            The results the call reads back from host memory (for :meth:`read_back`).
+
         Raises
         ------
         DeviceMemoryError
-            The unread results it does not read hold more than the held budget, and ``spill`` is ``"off"``
-            or moving every unread one is not enough; nothing has run.
-        SessionError
-            The session ended while a result moved.
+            On a rank, the unread results it does not read hold more than the held budget, and ``spill`` is
+            ``"off"`` or moving every unread one is not enough; nothing has run.
         """
         if self.limit is None:
-            return
-        self._enter_room()  # re-entered by the call that holds the room (after its result is registered)
-        try:
-            while True:
-                held, live = self._session.held_results()
-                largest = max(((r.bytes or 0) // max(r.partitions, 1) for r in held if r.persisted is not None),
-                              default=0)
-                budget = self.ranks * held_budget(self.limit, largest)
-                # Held: the unread results, and the inputs unread deferred results hold for their readers.
-                others = list({r.id: r for d in live if d.id not in read for r in read_by((d,)).values()
-                               if on_engine(r)}.values())
-                total = sum(map(on_engine, others))
-                if total <= budget:
-                    return
-                movable = [r for r in live if r.id not in read and not r.deferred and on_engine(r) and r is not keep]
-                if self.spill != "host" or not movable:
-                    break
-                self._move_out(movable[0])  # the least recently produced; another task may have claimed it meanwhile
-        finally:
-            self._room.release()
+            return []
+        coming = [r for r in read.values() if isinstance(r.persisted, HostCopy)]
+        while True:
+            results = self._results()
+            live = [r for r in results if r.state == "live"]
+            # Held: the unread results, and the inputs unread deferred results hold for their readers.
+            others = list({r.id: r for d in live if d.id not in read for r in read_by((d,)).values()}.values())
+            largest = [max((r.rank_bytes[rank] for r in results if r.persisted is not None and len(r.rank_bytes) > rank),
+                           default=0) for rank in range(self.ranks)]  # a result in host memory comes back whole
+            over = over_budget(self.limit, self._by_rank(others), largest)
+            if not over:
+                return coming
+            ranks = {rank for rank, _, _ in over}
+            movable = [r for r in live if r.id not in read and not r.deferred and r is not keep
+                       and any(size and rank in ranks for rank, size in enumerate(held_by_rank(r)))]
+            if self.spill != "host" or not movable:
+                break
+            self._move_out(movable[0], running)  # the least recently produced
         if refuse:
-            raise DeviceMemoryError(self._refusal(others, live, total, budget))
+            raise DeviceMemoryError(self._refusal(others, over[0], results))
+        return coming
 
-    def _refusal(self, others: list[GPUResult], live: list[GPUResult], total: int, budget: int) -> str:
-        order = {r.id: i for i, r in enumerate(live)}  # unread ones in the order produced, then those being read
-        kept = sorted(others, key=lambda r: order.get(r.id, len(order)))
-        named = ", ".join(f"{r.name!r} ({on_engine(r):,} bytes, from {r.produced_by})" for r in kept[:20])
+    def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult]) -> str:
+        rank, held, budget = over
+        on_rank = [r for r in others if len(held_by_rank(r)) > rank and held_by_rank(r)[rank]]
+        named = ", ".join(f"{r.name!r} ({held_by_rank(r)[rank]:,} bytes, from {r.produced_by})" for r in on_rank[:20])
         limit = f"{self.limit:,} bytes" + (f" on each of {self.ranks} ranks" if self.ranks > 1 else "")
         template = SPILL_OFF_MESSAGE if self.spill != "host" else HOST_FULL_MESSAGE
-        return template.format(limit=limit, held=total, budget=budget, named=named + (" ..." if len(kept) > 20 else ""))
+        return template.format(limit=limit, held=held, on_rank=f" on rank {rank}" if self.ranks > 1 else "", budget=budget,
+                               named=named + (" ..." if len(on_rank) > 20 else ""))
 
-    def _move_out(self, result: GPUResult) -> None:
+    def read_back(self, coming: Sequence[GPUResult]) -> None:
+        """After an engine call that ended without an error: ``coming`` (:meth:`make_room`'s) were read back."""
+        for result in coming:
+            self._count(result, "back", None)
+
+    def _move_out(self, result: GPUResult, running: RunningEngine) -> None:
         def out(persisted: PersistedResult) -> HostCopy | None:  # under the result's lock: no claim meanwhile
             if isinstance(persisted, HostCopy):
                 return None  # in host memory, or back and read
             started = time.perf_counter()
-            running = self._session.running_engine
             try:
-                frame = self._session.run(lambda: running.collect(persisted.lazy(), pl.QueryOptFlags()))
+                frame = running.collect(persisted.lazy(), pl.QueryOptFlags())
             except Exception as exc:
                 raise_engine_error(exc)
-            self._session.free(persisted)  # what the read left
+            persisted.release()  # what the read left
             return HostCopy(frame, persisted.ranks, time.perf_counter() - started)
 
         try:
@@ -331,17 +308,18 @@ class HeldMemory:
             result.release()  # a reader is told it was released, not a misleading second-read error
             raise
         if copy is not None:
-            self._count(result, "out", copy.out_seconds)  # type: ignore[attr-defined]
+            self._count(result, "out", copy.out_seconds)
 
     def _count(self, result: GPUResult, way: str, seconds: float | None) -> None:
         with self._lock:
             self.spills["results" if way == "out" else "back"] += 1
             self.spills["bytes" if way == "out" else "back_bytes"] += result.bytes or 0
             self.spills["out_seconds"] += seconds or 0.0
-        self._moved(result, way, seconds)
+        if (moved := self._moved.get(result)) is not None:
+            moved(result, way, seconds)
 
     def summary(self) -> dict[str, Any]:
-        """``limit`` (bytes per rank), ``ranks``, ``peak_held`` (bytes), ``spill_results`` and ``spills``."""
+        """``limit`` (bytes per rank), ``ranks``, ``peak_held`` (bytes on one rank), ``spill_results`` and ``spills``."""
         with self._lock:
             return {"limit": self.limit, "ranks": self.ranks, "peak_held": self.peak_held,
                     "spill_results": self.spill, "spills": dict(self.spills)}

@@ -19,26 +19,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
-from prefect_cudf_polars.blocks.errors import SessionError
+from prefect_cudf_polars.blocks.errors import SHARE_PARENT_SESSION, SessionError
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
-_SUBFLOWS = (
-    " A subflow with its own CudfPolarsTaskRunner gets a session of its own: with the same engine block it "
-    "shares this engine; another block works there only where at most one of the two needs a GPU (a `cpu` "
-    "block beside a GPU one)."
-)
-RUNNER_HERE = (
-    "This flow run already has an engine session: its CudfPolarsTaskRunner provides one, and sessions "
-    "do not nest within one flow run. Use that one (prefect_cudf_polars.blocks.get_engine_session()), "
-    "or do not combine CudfPolarsTaskRunner with `with block.session():` in one flow." + _SUBFLOWS
-)
-SESSION_HERE = (
-    "An engine session ({backend}, id {id}) is already open here (`with block.session():`), and sessions "
-    "do not nest within one flow run. Use the open one (prefect_cudf_polars.blocks.get_engine_session()), "
-    "or close it before opening another." + _SUBFLOWS
-)
+_SUBFLOWS = (" A subflow with its own CudfPolarsTaskRunner gets a session of its own: with the same engine block it "
+             "shares this engine; another block works there only where at most one of the two needs a GPU (a `cpu` "
+             "block beside a GPU one).")
+RUNNER_HERE = ("This flow run already has an engine session: its CudfPolarsTaskRunner provides one, and sessions "
+               "do not nest within one flow run. Use that one (prefect_cudf_polars.blocks.get_engine_session()), "
+               "or do not combine CudfPolarsTaskRunner with `with block.session():` in one flow." + _SUBFLOWS)
+SESSION_HERE = ("An engine session ({backend}, id {id}) is already open here (`with block.session():`), and sessions "
+                "do not nest within one flow run. Use the open one (prefect_cudf_polars.blocks.get_engine_session()), "
+                "or close it before opening another." + _SUBFLOWS)
 
 
 def shares_engine(block: CudfPolarsEngine, parent: CudfPolarsEngine, parent_backend: str | None, *, runs: tuple[str, str]) -> bool:
@@ -78,8 +72,7 @@ def shares_engine(block: CudfPolarsEngine, parent: CudfPolarsEngine, parent_back
         "GPU(s) of this process. Two cudf-polars engines in one process do not share a GPU: each sets rmm's "
         "process-wide device memory resource, and each spill limit counts only its own memory. Give the "
         "subflow's CudfPolarsTaskRunner the parent's engine block to run on the parent's engine (with its "
-        "own results and teardown), or give the subflow no task runner to use the parent's session."
-    )
+        f"own results and teardown), or {SHARE_PARENT_SESSION}.")
 
 
 class NestedSession(Protocol):

@@ -37,26 +37,15 @@ import threading
 from collections import OrderedDict
 from typing import Any, NoReturn
 
-from prefect_cudf_polars.blocks.errors import HostPersistenceError
+from prefect_cudf_polars.blocks.errors import KEEP_ON_HOST, NOT_PERSISTED, HostPersistenceError
 
-REFUSAL_MESSAGE = (
-    "GPUResult {name!r} (id {id}) cannot be pickled or persisted: its partitions "
-    "live in GPU memory of the process that holds the engine. Pass GPU results "
-    "only between tasks of one flow run with the thread-pool task runner "
-    "(CudfPolarsTaskRunner, or Prefect's default ThreadPoolTaskRunner inside "
-    "`with block.session():`), not a process-based runner (Dask, Ray, "
-    "ProcessPool), and do not persist them. To keep data, collect it to the "
-    "host (the `collect` task) or write it to parquet."
-)
-
-NOT_PERSISTED_WARNING = (
-    "Task run %r returns GPUResult %r (id %s) and result persistence is on, but a GPU "
-    "result lives in GPU memory of this process and is never written to result "
-    "storage: nothing was persisted, and the result stays usable in this flow run. "
-    "To keep data, collect it to the host (the `collect` task or "
-    "gpu_task(collect=True)) and persist that, or write it to parquet; and set "
-    "persist_result=False on this task."
-)
+REFUSAL_MESSAGE = ("GPUResult {name!r} (id {id}) cannot be pickled or persisted: its partitions live in GPU memory of "
+                   "the process that holds the engine. Pass GPU results only between tasks of one flow run with the "
+                   "thread-pool task runner (CudfPolarsTaskRunner, or Prefect's default ThreadPoolTaskRunner inside "
+                   "`with block.session():`), not a process-based runner (Dask, Ray, ProcessPool), and do not persist "
+                   f"them; {KEEP_ON_HOST}.")
+NOT_PERSISTED_WARNING = (f"Task run %r returns GPUResult %r (id %s) and result persistence is on, but {NOT_PERSISTED}; "
+                         f"{KEEP_ON_HOST}, and set persist_result=False on this task.")
 
 #: Task runs already warned (most recent last); bounded, so a long process keeps no growing set.
 _WARNED_RUNS: OrderedDict[Any, None] = OrderedDict()
@@ -79,11 +68,9 @@ def computing_cache_key() -> bool:
 
     code = hash_objects.__code__
     frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code is code:
-            return True
+    while frame is not None and frame.f_code is not code:
         frame = frame.f_back
-    return False
+    return frame is not None
 
 
 def warn_once_in_task_run(message: str, *args: Any) -> bool:
@@ -140,11 +127,8 @@ def refuse_host_persistence(result: Any) -> NoReturn:
         ctx = TaskRunContext.get()
         run = ctx.task_run.name if ctx is not None and ctx.task_run is not None else None
         warn_once_in_task_run(NOT_PERSISTED_WARNING, run, result.name, result.id)
-    raise HostPersistenceError(
-        REFUSAL_MESSAGE.format(name=result.name, id=result.id),
-        result_id=result.id,
-        result_name=result.name,
-    )
+    raise HostPersistenceError(REFUSAL_MESSAGE.format(name=result.name, id=result.id), result_id=result.id,
+                               result_name=result.name)
 
 
 def cache_key_form(result: Any) -> dict[str, str]:

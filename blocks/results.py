@@ -1,36 +1,37 @@
 """
-``GPUResult``: the handle a GPU task returns, a small state machine over what the engine holds.
+``GPUResult``: the handle a GPU task returns, one locked state machine over what the engine holds.
 
 A ``GPUResult`` wraps a backend's persisted result (cudf-polars'
 ``PersistedQueryResult`` behind its adapter, or the ``cpu`` backend's host
 counterpart), or, for a deferred step, the step's plan. It adds the rules
-cudf-polars states but does not guard:
+cudf-polars states but does not guard. Its states and every transition, each
+made under the result's lock::
 
-* **States.** ``"live"`` until the first :meth:`GPUResult.lazy` claims it,
-  then ``"consumed"``; ``"released"`` after :meth:`GPUResult.release`, the end
-  of its ``with`` block, or the end of its session.
-* **One claim.** The first ``.lazy()`` names its consumer (the task run, or the
-  flow run when called in a flow body) and tells the session, which counts it
-  (this is where a claim is recorded: :meth:`GPUResult._claim`); a second
-  claim raises :class:`~prefect_cudf_polars.blocks.errors.ResultConsumedError`.
-* **One session.** A task's engine call checks its inputs against its session
-  first (:meth:`GPUResult.check_readable`); a claim asks the result's own
-  session, through :class:`ResultOwner`, which session would read it here. A
-  result never looks up the active session itself.
-* **One process, never persisted.** Pickling and every result serializer
-  raise :class:`~prefect_cudf_polars.blocks.errors.HostPersistenceError`
-  (:mod:`~prefect_cudf_polars.blocks.persistence`); Prefect's cache keys see
-  the result's id only.
-* **Lineage.** Each result remembers the plan that produced it
-  (:mod:`~prefect_cudf_polars.blocks.lineage`), so a retried task or a ``tee``
-  can produce it again after it was read.
-* **Deferred results** hold their step's plan and the inputs it reads
-  (:attr:`GPUResult.held_inputs`); the reader's claim gets the plan, so its one
-  engine call runs both steps, and the reader frees what the plan held.
-* **Nothing of the engine after use.** Once released, or consumed and its read
-  over, a handle holds no partition; once its session has ended it points at
-  an :class:`EndedSession` and holds nothing of the engine at all, so the
-  handles Prefect's states keep cannot keep an engine alive.
+    live ──claim (lazy, hand_over)──▶ consumed ──free (its query ran, or failed)──▶ consumed, holding nothing
+      │                                  │
+      └──release, session end──▶ released ◀──release before its query read the frame
+
+* **One claim.** The first :meth:`GPUResult.lazy` claims the result for the
+  task run attempt (or flow run) here and builds the frame that reads it,
+  inside the lock; every thread of that attempt (each in a copy of its
+  context) gets the same frame until a query has read it. Any other claim
+  raises :class:`~prefect_cudf_polars.blocks.errors.ResultConsumedError`.
+  :meth:`GPUResult.claimed_in` is the one rule for "consumed by this run".
+* **One session.** A claim asks the result's own session, through
+  :class:`~prefect_cudf_polars.blocks.result_owner.ResultOwner`, which session would read it here; another one is refused
+  (``WrongEngineError``). A result never looks up the active session itself.
+* **Reads are checked on the engine's thread.** The engine call that runs a
+  frame checks it there (:meth:`GPUResult.check_scan`) before the engine
+  starts: a released result or a frame an earlier query read is refused, so a
+  ``release()`` racing a claim gives either the right rows (the free queues
+  behind the engine call) or ``ResultReleasedError``, never a read of freed data.
+* **Never persisted, replayable, deferred.** Pickling and every serializer raise
+  ``HostPersistenceError`` (:mod:`~prefect_cudf_polars.blocks.persistence`); each result
+  keeps the lineage that produced it (:mod:`~prefect_cudf_polars.blocks.lineage`); a
+  deferred one holds its step's plan and inputs, which its reader's one engine call runs and frees.
+* **Nothing of the engine after use.** Once released, or read, a handle holds no partition;
+  once its session has ended it holds nothing of the engine at all, so the handles Prefect's
+  states keep cannot keep an engine alive.
 """
 
 from __future__ import annotations
@@ -41,56 +42,28 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 import polars as pl
-from prefect.utilities.collections import visit_collection
+from prefect.cache_policies import STABLE_TRANSFORMS
 from pydantic_core import SchemaSerializer, core_schema
 
+from prefect_cudf_polars.blocks import errors
 from prefect_cudf_polars.blocks.backends.plans import cache_id
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan
-from prefect_cudf_polars.blocks.errors import ResultConsumedError, ResultReleasedError, WrongEngineError
 from prefect_cudf_polars.blocks.persistence import cache_key_form, refuse_host_persistence
+from prefect_cudf_polars.blocks.runs import RunIdentity, current_run
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import PersistedResult
+    from prefect_cudf_polars.blocks.result_owner import EndedSession, ResultOwner
 
 ResultState = Literal["live", "consumed", "released"]
 
 
-class RunIdentity(NamedTuple):
-    """
-    The run some code runs in, read from Prefect's context once.
+class Claim(NamedTuple):
+    """The run attempt that claimed a result: its readable name, its id (``None`` outside runs) and attempt."""
 
-    Attributes
-    ----------
-    name : str
-        ``"task run 'trips' (id ...)"``, ``"flow run 'brave-fox' (id ...)"``, or
-        ``"code outside any Prefect run"``.
-    run_id : str or None
-        The task run's id (a retried task run keeps it), else the flow run's.
-    task_run_id : uuid.UUID or None
-        The task run's id, ``None`` outside a task run.
-    attempt : int
-        The task run's attempt (Prefect's ``run_count``: 1, then 2 on its first retry); 0 outside a task run.
-    """
-
-    name: str
+    by: str
     run_id: str | None
-    task_run_id: Any
-    attempt: int = 0
-
-
-def current_run() -> RunIdentity:
-    """The current task run or, in a flow body, flow run (Prefect's run context; not the engine session)."""
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    task_ctx = TaskRunContext.get()
-    if task_ctx is not None and task_ctx.task_run is not None:
-        run = task_ctx.task_run
-        return RunIdentity(f"task run {run.name!r} (id {run.id})", str(run.id), run.id, run.run_count)
-    flow_ctx = FlowRunContext.get()
-    if flow_ctx is not None and flow_ctx.flow_run is not None:
-        run = flow_ctx.flow_run
-        return RunIdentity(f"flow run {run.name!r} (id {run.id})", str(run.id), None)
-    return RunIdentity("code outside any Prefect run", None, None)
+    attempt: int
 
 
 class Replayable(Protocol):
@@ -101,68 +74,6 @@ class Replayable(Protocol):
     def unreplayable_reason(self) -> str | None:
         """Why the lineage cannot be run again, or ``None`` when it can."""
         ...
-
-
-class ResultOwner(Protocol):
-    """What a :class:`GPUResult` asks of the session that produced it (:class:`~prefect_cudf_polars.blocks.EngineSession`)."""
-
-    id: str
-    backend: str | None
-
-    @property
-    def closed(self) -> bool:
-        """Whether the session has ended."""
-        ...
-
-    @property
-    def served_run(self) -> str | None:
-        """``"flow run 'name'"`` or ``"subflow run 'name'"``, once known."""
-        ...
-
-    @property
-    def subflow(self) -> bool:
-        """Whether the run it serves is a subflow run."""
-        ...
-
-    def reader_here(self) -> ResultOwner | None:
-        """The session that would read a result here (the one active in this context), if any."""
-        ...
-
-    def claimed(self, result: GPUResult) -> None:
-        """``result`` was claimed by its reader."""
-        ...
-
-    def released(self, result: GPUResult) -> None:
-        """``result`` was released before anyone read it."""
-        ...
-
-    def free(self, persisted: PersistedResult) -> None:
-        """Free ``persisted`` on the engine's owner thread while the engine runs, else let it go."""
-        ...
-
-
-class EndedSession:
-    """What a result keeps of its session once that session has ended (a :class:`ResultOwner` holding no engine)."""
-
-    __slots__ = ("backend", "id", "served_run", "subflow")
-
-    closed = True
-
-    def __init__(self, id: str, backend: str | None, served_run: str | None, subflow: bool) -> None:
-        self.id, self.backend, self.served_run, self.subflow = id, backend, served_run, subflow
-
-    def reader_here(self) -> None:
-        """No reader: the session has ended (the result is released)."""
-
-    def claimed(self, result: GPUResult) -> None:
-        """Nothing to record: the session has ended."""
-
-    def released(self, result: GPUResult) -> None:
-        """Nothing to record: the session has ended."""
-
-    def free(self, persisted: PersistedResult) -> None:
-        """The engine's stores are closed: let go without calling it."""
-        persisted.forget()
 
 
 class GPUResult:
@@ -193,18 +104,16 @@ class GPUResult:
     bytes : int or None
         Its size in bytes (device buffers on GPU backends; polars'
         ``estimated_size`` on ``cpu``); ``None`` for a deferred result.
+    rank_bytes : tuple of int
+        Its bytes on each of the engine's ranks, in rank order; empty for a deferred result.
     engine_seconds : float
         Seconds the engine call that produced it took (wall clock); 0 for a deferred result.
     produced_by : str
         The task run or flow run that produced it.
     produced_by_task_run_id : str or None
         That task run's id (``None`` outside a task run).
-    consumed_by : str or None
-        The task run or flow run whose claim consumed it.
-    consumed_by_id : str or None
-        That run's id (a retried task run keeps its id across attempts).
     cache_id : str or None
-        The id of the cache its frame is, once read (a logical plan shows ``CACHE[id: ...]``).
+        The id of the cache its frame is, once claimed (a logical plan shows ``CACHE[id: ...]``).
     lineage : Lineage or None
         The plan that produced it (dropped when its session ends).
     deferred : bool
@@ -215,40 +124,49 @@ class GPUResult:
         its own last.
     """
 
-    __slots__ = (
-        "__weakref__", "_consumed_attempt", "_frame", "_held", "_lock", "_owner", "_persisted", "_plan", "_state",
-        "backend", "bytes", "cache_id", "consumed_by", "consumed_by_id", "deferred", "engine_seconds", "fused", "id",
-        "lineage", "name", "produced_by", "produced_by_task_run_id", "ranks", "rows", "schema", "session_id",
-    )
+    __slots__ = ("__weakref__", "_claim", "_frame", "_held", "_lock", "_owner", "_persisted", "_plan", "_state",
+                 "backend", "bytes", "cache_id", "deferred", "engine_seconds", "fused", "id", "rank_bytes", "lineage",
+                 "name", "produced_by", "produced_by_task_run_id", "ranks", "rows", "schema", "session_id")
 
     def __init__(self, payload: PersistedResult | HeldPlan, *, owner: ResultOwner, name: str, run: RunIdentity,
                  lineage: Replayable | None = None, engine_seconds: float = 0.0, rows: int | None = None,
-                 bytes: int | None = None, fused: Sequence[FusedStep] = ()) -> None:
+                 bytes: int | None = None, rank_bytes: Sequence[int] = (), fused: Sequence[FusedStep] = ()) -> None:
         self.id = uuid.uuid4().hex
         self.name, self.backend, self.session_id = name, owner.backend or "unknown", owner.id
         self.deferred = isinstance(payload, HeldPlan)
-        self._persisted: PersistedResult | None = None if self.deferred else payload  # type: ignore[assignment]
-        self._plan: pl.LazyFrame | None = payload.plan if self.deferred else None  # type: ignore[union-attr]
-        self._held: tuple[GPUResult, ...] = payload.held_inputs if self.deferred else ()  # type: ignore[union-attr]
-        self.schema, self.ranks = payload.schema, [] if self.deferred else list(payload.ranks)  # type: ignore[union-attr]
-        self.rows, self.bytes, self.engine_seconds = rows, bytes, engine_seconds
-        self.fused = payload.steps if self.deferred else tuple(fused)  # type: ignore[union-attr]
+        self._persisted: PersistedResult | None = None
+        self._plan: pl.LazyFrame | None = None
+        self._held: tuple[GPUResult, ...] = ()
+        if isinstance(payload, HeldPlan):
+            self._plan, self._held, self.fused, self.ranks = payload.plan, payload.held_inputs, payload.steps, []
+        else:
+            self._persisted, self.fused, self.ranks = payload, tuple(fused), list(payload.ranks)
+        self.schema, self.rows, self.bytes, self.engine_seconds = payload.schema, rows, bytes, engine_seconds
+        self.rank_bytes = tuple(rank_bytes) or ((bytes,) if bytes else ())
         self.produced_by = run.name
         self.produced_by_task_run_id = None if run.task_run_id is None else str(run.task_run_id)
-        self.consumed_by: str | None = None
-        self.consumed_by_id: str | None = None
-        self._consumed_attempt = 0
-        self._frame: pl.LazyFrame | None = None  # what lazy() gave the attempt that claimed it
-        self.cache_id: str | None = None
-        self.lineage = lineage
+        self.lineage, self.cache_id = lineage, None
+        self._claim: Claim | None = None
+        self._frame: pl.LazyFrame | None = None  # what the claiming attempt reads, until a query has read it
         self._owner = owner
         self._state: ResultState = "live"
         self._lock = threading.Lock()
 
+    # ---- what it is ----------------------------------------------------------
     @property
     def state(self) -> ResultState:
         """``"live"``, ``"consumed"`` or ``"released"``."""
         return self._state
+
+    @property
+    def consumed_by(self) -> str | None:
+        """The task run or flow run whose claim consumed it (``None`` until claimed)."""
+        return None if self._claim is None else self._claim.by
+
+    def claimed_in(self, run: RunIdentity) -> bool:
+        """Whether ``run`` claimed this result, in this attempt or an earlier one: the one rule for "consumed by this run"."""
+        claim = self._claim
+        return claim is not None and claim.run_id == run.run_id
 
     @property
     def deferred_step(self) -> FusedStep | None:
@@ -282,17 +200,29 @@ class GPUResult:
         """Number of partitions (one per rank in ``ranks``)."""
         return len(self.ranks)
 
-    # ---- reading -------------------------------------------------------------
-    def check_readable(self, reader: ResultOwner | None = None, *, run: RunIdentity | None = None) -> None:
-        """
-        Raise if this result cannot be read now; claim nothing.
+    # ---- the rules -------------------------------------------------------------
+    def _refusal(self, run: RunIdentity, reader: ResultOwner | None) -> Exception | None:
+        """Why ``run`` (in ``reader``'s session) may not claim this result now, or ``None``: under the lock."""
+        ids = {"result_id": self.id, "result_name": self.name}
+        what = f"GPUResult {self.name!r} (id {self.id})"
+        if self._state == "released":
+            return errors.ResultReleasedError(errors.released_message(what, self._owner), **ids)
+        if self._state == "consumed":
+            claim = self._claim
+            assert claim is not None  # a consumed result has its claim
+            same_run = claim.run_id is not None and claim.run_id == run.run_id
+            how = "earlier attempt" if same_run and claim.attempt != run.attempt else "same run" if same_run else "other"
+            return errors.ResultConsumedError(errors.consumed_message(what, claim.by, how), consumer=claim.by, **ids)
+        if reader is not None and reader.id != self.session_id:
+            return errors.WrongEngineError(
+                errors.wrong_engine_message(what, self.session_id, self.backend, self._owner.served_run, reader),
+                producer_session=self.session_id, current_session=reader.id, **ids)
+        return None
 
-        Parameters
-        ----------
-        reader : EngineSession, optional
-            The session of the task about to read it (the task's engine call checks).
-        run : RunIdentity, optional
-            The run that would read it (default: the one here).
+    def check_readable(self, reader: ResultOwner | None = None) -> None:
+        """
+        Raise if this result cannot be claimed now, by the run here in the session ``reader`` (the task's engine
+        call checks its inputs against its session); claim nothing.
 
         Raises
         ------
@@ -303,75 +233,30 @@ class GPUResult:
         WrongEngineError
             If ``reader`` is another session than the one that produced it.
         """
-        self._check(run or current_run(), reader)
+        with self._lock:
+            refusal = self._refusal(current_run(), reader)
+        if refusal is not None:
+            raise refusal
 
-    def _check(self, run: RunIdentity, reader: ResultOwner | None) -> None:
-        if self._state == "released":
-            raise ResultReleasedError(
-                f"GPUResult {self.name!r} (id {self.id}) was released{self._released_because()}; its data is gone. "
-                "Run the task that produced it again, inside a flow run with an open engine session.",
-                result_id=self.id, result_name=self.name,
-            )
-        if self._state == "consumed":
-            if self.consumed_by_id is not None and self.consumed_by_id == run.run_id and run.attempt != self._consumed_attempt:
-                advice = (  # a retry reading a result it was not given: gpu_task's retries recompute arguments first
-                    f"already read by an earlier attempt of this {self.consumed_by}, which Prefect is retrying: "
-                    "its partitions moved out when that attempt read it, and a retry recomputes only the results "
-                    "given to a `gpu_task` (prefect_cudf_polars.tasks.gpu_task) as arguments, from their lineage; "
-                    "a plain Prefect task cannot recompute a GPU result. Make the task a `gpu_task` and pass it "
-                    "the result as an argument, or collect the result before this task and pass it the host "
-                    "DataFrame."
-                )
-            elif self.consumed_by_id is not None and self.consumed_by_id == run.run_id:
-                advice = (  # a read after a query of the run that claimed it ran
-                    f"already read by a query that ran in this same {self.consumed_by}: a GPU result is read by "
-                    "one query (cudf-polars moves its partitions out when it runs), which may read it several "
-                    "times (a self-join runs). To read it in two queries, split it before this step: "
-                    "`a, b = tee(result, 2)` (prefect_cudf_polars.tasks.tee) and use both copies."
-                )
-            else:
-                advice = (
-                    f"already consumed by {self.consumed_by}: a GPU result is read once (cudf-polars moves its "
-                    "partitions out on read). To give one result to several tasks, split it before the first "
-                    "read: `a, b = tee(result, 2)` (prefect_cudf_polars.tasks.tee) makes independent results that "
-                    "stay on the GPU; or run the producing task again, or collect it once and reuse the host DataFrame."
-                )
-            raise ResultConsumedError(f"GPUResult {self.name!r} (id {self.id}) was {advice}", result_id=self.id,
-                                      result_name=self.name, consumer=self.consumed_by)
-        if reader is not None and reader.id != self.session_id:
-            where = f"{self.backend}, {self._owner.served_run}" if self._owner.served_run else self.backend
-            in_subflow = (reader.served_run or "").startswith("subflow")
-            raise WrongEngineError(
-                f"GPUResult {self.name!r} (id {self.id}) belongs to engine session {self.session_id} "
-                f"({where}), but {reader.served_run or 'the code here'} has its own engine session "
-                f"{reader.id} ({reader.backend}): only the engine that produced a result can read it. "
-                + (
-                    "Pass the subflow a host DataFrame (collect the result before the subflow), or "
-                    "give the subflow no task runner so it shares the parent's session."
-                    if in_subflow
-                    else "Produce the result in this flow run, or collect it in its own flow run "
-                    "and pass the host DataFrame."
-                ),
-                result_id=self.id, result_name=self.name, producer_session=self.session_id, current_session=reader.id,
-            )
+    def check_scan(self, run: RunIdentity) -> None:
+        """
+        Before an engine call reads this result's frame (on the engine's owner thread): refuse a read that cannot be.
 
-    def _released_because(self) -> str:
-        owner = self._owner
-        if not owner.closed:
-            return ""
-        if owner.subflow:
-            return (
-                f" when its engine session ended: the session of {owner.served_run}, which ended with that subflow "
-                "run (a subflow with its own task runner has its own session, and its GPU results never outlive "
-                "it). Collect the result inside the subflow and return the host DataFrame, or give the subflow "
-                "no task runner so it shares the parent's session"
-            )
-        return (
-            " when its engine session ended (its flow run is over: a GPU result never outlives its flow run, so "
-            "do not return it from a flow or keep it for later; collect it inside the flow run and return the "
-            "host DataFrame)"
-        )
+        Raises
+        ------
+        ResultReleasedError
+            It was released, also after it was claimed.
+        ResultConsumedError
+            An earlier query read its frame.
+        """
+        with self._lock:
+            if self._state == "live" or (self._state == "consumed" and self._frame is not None):
+                return
+            refusal = self._refusal(run, None)
+        assert refusal is not None  # released, or consumed with its frame read
+        raise refusal
 
+    # ---- claiming ----------------------------------------------------------------
     def lazy(self) -> pl.LazyFrame:
         """
         Claim the result and return a LazyFrame that reads it.
@@ -381,10 +266,10 @@ class GPUResult:
         it moves the partitions out of the engine's store. That query may read
         it several times (a self-join, a ``concat`` of two filters): the frame
         is a ``cache()`` (polars 1.44 then keeps a filter above the scan rather
-        than in it), and later calls in the same task run attempt return the
-        same frame until a query has run it. For a deferred result it is the
-        deferred step's plan itself, so the reader's engine call runs both
-        steps as one query.
+        than in it), and every later call in the same task run attempt, on any
+        thread, returns the same frame until a query has run it. For a deferred
+        result it is the deferred step's plan itself, so the reader's engine
+        call runs both steps as one query.
 
         Returns
         -------
@@ -395,62 +280,68 @@ class GPUResult:
         ResultReleasedError, ResultConsumedError, WrongEngineError
             See :meth:`check_readable` (the reader is the session active here).
         """
-        run = current_run()
-        with self._lock:
-            if self._frame is not None and self.holding and (self.consumed_by_id, self._consumed_attempt) == (
-                    run.run_id, run.attempt):
-                return self._frame  # another read in the query this attempt builds
-        handed = self._claim(hand_over=False)  # a deferred plan stays as it is: its inputs' frames are caches
-        self._frame = handed.plan if isinstance(handed, HeldPlan) else handed.lazy().cache()
-        self.cache_id = None if isinstance(handed, HeldPlan) else cache_id(self._frame)
-        return self._frame
+        return self._claimed(hand_over=False)
 
     def hand_over(self) -> PersistedResult | HeldPlan:
         """Claim the result without reading it, and give up what it holds (``tee``'s first copy); raises as
-        :meth:`check_readable` does (``ResultReleasedError``, ``ResultConsumedError``)."""
-        return self._claim(hand_over=True)
+        :meth:`check_readable` does (``ResultReleasedError``, ``ResultConsumedError``, ``WrongEngineError``)."""
+        return self._claimed(hand_over=True)
 
-    def _claim(self, *, hand_over: bool) -> PersistedResult | HeldPlan:
+    def _claimed(self, *, hand_over: bool) -> Any:
+        """
+        A claim by the run here: its transition under the lock (``live`` to ``consumed``, or a refusal), then what
+        the claim reads: the frame, built inside the lock and shared by the claiming attempt's threads until a query
+        has read it, or, with ``hand_over``, what the result held, given up.
+        """
         run, reader = current_run(), self._owner.reader_here()
         with self._lock:
-            self._check(run, reader)
-            self._state, self.consumed_by, self.consumed_by_id = "consumed", run.name, run.run_id
-            self._consumed_attempt = run.attempt
-            if self.deferred:
-                assert self._plan is not None  # a live deferred result holds its plan
-                handed: Any = HeldPlan(self._plan, self.schema, self._held, self.fused)
-                self._plan = None  # its reader holds the plan now
-                if hand_over:
-                    self._held = ()
+            claim = self._claim  # set whenever a frame is
+            if not hand_over and self._frame is not None and claim and claim[1:] == (run.run_id, run.attempt):
+                return self._frame  # this attempt's claim, shared by its threads
+            if (refusal := self._refusal(run, reader)) is not None:
+                raise refusal
+            self._state, self._claim = "consumed", Claim(run.name, run.run_id, run.attempt)
+            out: Any = HeldPlan(self._plan, self.schema, self._held, self.fused) if self.deferred else self._persisted
+            self._plan = None  # the reader holds a deferred plan now
+            if hand_over:
+                self._persisted, self._held = None, ()
             else:
-                handed = self._persisted
-                if hand_over:
-                    self._persisted = None
+                self._frame = out = out.plan if self.deferred else out.lazy().cache()
+                self.cache_id = None if self.deferred else cache_id(out)
         self._owner.claimed(self)
-        return handed
+        return out
 
-    # ---- releasing ----------------------------------------------------------
+    # ---- freeing ---------------------------------------------------------------
     def release(self) -> None:
         """
         Free the result's memory (idempotent; never raises): queued on the engine's owner thread, not waited for.
 
-        A live result becomes ``"released"``. A consumed one keeps its state,
-        and what its read left behind (a failed query, an unread scan) is
-        freed. A deferred result frees the inputs it held (and they, theirs).
+        A live result becomes ``"released"``, and so does a claimed one whose
+        frame no query has read yet (that query is then refused with
+        ``ResultReleasedError``). A consumed one that was read keeps its state.
+        A deferred result frees the inputs it held.
         """
+        self._let_go(release=True)
+
+    def free(self) -> None:
+        """After the engine call that claimed it ran (or failed): free what its read left, close its frame; the state stays."""
+        self._let_go(release=False)
+
+    def _let_go(self, *, release: bool) -> None:
+        """Let go of the partitions, the plan, the held inputs and the frame (under the lock), then free them; with
+        ``release``, a live result, or a claimed one whose frame no query read, becomes ``"released"``."""
         with self._lock:
-            was_live = self._state == "live"
-            if was_live:
+            was_live = release and self._state == "live"
+            if was_live or (release and self._frame is not None):
                 self._state = "released"
-            persisted, self._persisted = self._persisted, None
-            held, self._held = self._held, ()
-            self._plan = self._frame = None
+            persisted, held = self._persisted, self._held
+            self._persisted, self._held, self._plan, self._frame = None, (), None, None
         if was_live:
             self._owner.released(self)
         if persisted is not None:
             self._owner.free(persisted)
         for result in held:
-            result.release()
+            result.free()
 
     def move(self, mover: Callable[[PersistedResult], PersistedResult | None]) -> PersistedResult | None:
         """While live and holding partitions, hold ``mover(persisted)`` instead (unless ``None``) and return it."""
@@ -463,16 +354,11 @@ class GPUResult:
 
     def end(self, tombstone: EndedSession, *, drop: bool) -> None:
         """
-        The session's end: point at ``tombstone``, and with ``drop`` let go of everything.
+        The session's end: point at ``tombstone`` (what is left of the session); a live result is released.
 
-        Parameters
-        ----------
-        tombstone : EndedSession
-            What is left of the session.
-        drop : bool
-            Let go of the partitions (without calling the engine: its shutdown closed the stores), the
-            plan, the held inputs and the lineage. False when the engine stopped answering: the session's
-            queued teardown frees them on the engine's thread if it answers.
+        With ``drop``, let go of the partitions (without calling the engine: its shutdown closed the
+        stores), the plan, the held inputs and the lineage; without, the session's queued teardown frees
+        them on the engine's thread if the engine answers.
         """
         with self._lock:
             self._owner = tombstone
@@ -480,7 +366,7 @@ class GPUResult:
                 self._state = "released"
             persisted = self._persisted
             if drop:
-                self._persisted, self._plan, self._frame, self._held, self.lineage = None, None, None, (), None
+                self._persisted, self._held, self._plan, self._frame, self.lineage = None, (), None, None, None
         if drop and persisted is not None:
             persisted.forget()
 
@@ -513,62 +399,14 @@ class GPUResult:
         return self
 
 
-def results_in(obj: Any) -> list[GPUResult]:
-    """
-    Every :class:`GPUResult` in ``obj``, each once, in the order first met.
-
-    The one rule for containers is Prefect's :func:`~prefect.utilities.collections.visit_collection`
-    (lists, tuples, sets, dict keys and values, dataclasses, pydantic models;
-    a ``polars.LazyFrame`` is a leaf).
-    """
-    found: dict[str, GPUResult] = {}
-
-    def visit(value: Any) -> None:
-        if isinstance(value, GPUResult):
-            found.setdefault(value.id, value)
-
-    visit_collection(obj, visit, return_data=False)
-    return list(found.values())
-
-
-def replace_results(obj: Any, fn: Callable[[GPUResult], Any]) -> Any:
-    """
-    ``obj`` with every :class:`GPUResult` replaced by ``fn(result)``: one walk, ``fn`` once per distinct result.
-
-    Containers are rebuilt only where something inside them changed.
-
-    Raises
-    ------
-    Exception
-        Whatever ``fn`` raises.
-    """
-    replaced: dict[str, Any] = {}
-
-    def visit(value: Any) -> Any:
-        if not isinstance(value, GPUResult):
-            return value
-        if value.id not in replaced:
-            replaced[value.id] = fn(value)
-        return replaced[value.id]
-
-    return visit_collection(obj, visit, return_data=True)
-
-
 def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
     """The deferred steps that claimed deferred inputs bring into a query, upstream first."""
     return tuple(step for result in claimed if result.deferred for step in result.fused)
 
 
 def claimed_by(results: Sequence[GPUResult], run: RunIdentity) -> list[GPUResult]:
-    """The ``results`` that ``run`` claimed (its reads, never another run's)."""
-    return [r for r in results if r.state == "consumed" and r.consumed_by_id == run.run_id]
-
-
-def free_claimed(claimed: Sequence[GPUResult]) -> None:
-    """Free what ``claimed`` still hold: a read's leftovers, a deferred input's held inputs (a live one is released)."""
-    for result in claimed:
-        if result.holding:
-            result.release()
+    """The ``results`` that ``run`` claimed (:meth:`GPUResult.claimed_in`)."""
+    return [r for r in results if r.claimed_in(run)]
 
 
 def release_partitions(results: Sequence[GPUResult]) -> None:
@@ -590,11 +428,4 @@ GPUResult.__pydantic_serializer__ = SchemaSerializer(  # type: ignore[attr-defin
     core_schema.any_schema(serialization=core_schema.plain_serializer_function_ser_schema(cache_key_form))
 )
 
-
-def _register_stable_transform() -> None:
-    from prefect.cache_policies import STABLE_TRANSFORMS
-
-    STABLE_TRANSFORMS[GPUResult] = stable_transform
-
-
-_register_stable_transform()
+STABLE_TRANSFORMS[GPUResult] = stable_transform

@@ -26,33 +26,30 @@ import gc
 import threading
 import uuid
 import warnings
-import weakref
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-import polars as pl
 from prefect.exceptions import TerminationSignal
 
 from prefect_cudf_polars.blocks import active, exits
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 from prefect_cudf_polars.blocks.backends.compat import stop_resource_tracker
-from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
-from prefect_cudf_polars.blocks.backends.plans import input_reads, prepare_result, scanned_by
 from prefect_cudf_polars.blocks.engine import EngineHost
 from prefect_cudf_polars.blocks.nesting import shared_host
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.active import get_engine_session  # noqa: F401 (also importable from here)
 from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, SessionError
-from prefect_cudf_polars.blocks.lineage import Lineage
-from prefect_cudf_polars.blocks.memory import HeldMemory
-from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan, fused_note
-from prefect_cudf_polars.blocks.results import (
-    EndedSession, GPUResult, claimed_by, current_run, free_claimed, fused_steps, release_partitions)
+from prefect_cudf_polars.blocks.memory import MemoryLedger
+from prefect_cudf_polars.blocks.result_book import ResultBook
+from prefect_cudf_polars.blocks.result_owner import EndedSession
+from prefect_cudf_polars.blocks.results import GPUResult, release_partitions
+from prefect_cudf_polars.blocks.session_calls import EngineCalls
 from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, logger, user_stacklevel
 
 T = TypeVar("T")
 
+#: What a session whose engine never started reports of held memory: no limit, nothing held.
+NO_LEDGER = MemoryLedger()
 #: Seconds the teardown waits for the engine at most while the flow run is being stopped.
 TERMINATING_TEARDOWN_S = 3.0
 #: Seconds the last session SIGTERM ends waits at most for multiprocessing's resource tracker to end.
@@ -67,7 +64,7 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-class EngineSession:
+class EngineSession(EngineCalls):
     """
     One engine for one flow run: its results, their counts, its end.
 
@@ -93,8 +90,9 @@ class EngineSession:
         ``"not started"``, ``"complete"``, or why the end stopped waiting for the engine.
     host : EngineHost or None
         The engine host it runs on once open (a subflow's session may share its parent's).
-    held : HeldMemory
-        Its held results' budget below ``device_memory_limit``, moves to host memory, figures.
+    held : MemoryLedger
+        Its engine host's ledger of the results held on the engine, once open (shared with the sessions on the
+        same host: a flow run and the subflows on its block).
     """
 
     def __init__(self, block: CudfPolarsEngine) -> None:
@@ -108,13 +106,11 @@ class EngineSession:
         self._owns_host = self._announced = False
         self._closing = self._ending = False  # close() under way / past waiting for the runs it serves
         self._token: contextvars.Token[Any] | None = None
-        self._lock, self._live = threading.Lock(), dict[str, GPUResult]()
-        self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
-        self._counts, self._engine_calls = {"produced": 0, "consumed": 0, "released_unconsumed": 0}, 0
+        self._lock, self._book, self._engine_calls = threading.Lock(), ResultBook(), 0
+        self.held = NO_LEDGER
         self._memory: dict[str, int | None] = {}
         self._shutdown_thread: str | None = None
         self._served, self._telemetry = active.ServedRuns(), SessionTelemetry(self.id, block.result_artifacts)
-        self.held = HeldMemory(block.spill_results, self, self._telemetry.result_moved)
 
     # ---- opening -------------------------------------------------------------
     def __enter__(self) -> EngineSession:
@@ -146,16 +142,15 @@ class EngineSession:
         self._record_run()
         shared = shared_host(self, active.innermost() if activate else None, parent, flow_run=active.flow_run_context())
         if shared is not None:
-            self.host, self.backend = shared.host, shared.backend
+            self.host, self.backend, self.timings["engine_start_s"] = shared.host, shared.backend, 0.0
             note = f"{shared.description.get('note', '')}; on the engine of session {shared.id[:8]} ({shared.served_run})"
             self.description = {**shared.description, "note": note}
-            self.timings["engine_start_s"] = 0.0
         else:
             self._start()
         try:
             at_start = self.host.at_start if self._owns_host else self.host.read()  # type: ignore[union-attr]
             self._memory["at_start"] = self._telemetry.note(at_start).memory
-            self.held.start(self.host.memory_limit, int(self.description.get("ranks") or 1))  # type: ignore[union-attr]
+            self.held = self.host.ledger  # type: ignore[union-attr]
             self._telemetry.backend, self.state = self.backend, State.OPEN
             exits.opened(self)
             if activate:
@@ -176,22 +171,21 @@ class EngineSession:
         self.host = EngineHost.start(self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}",
                                      ended=self.ended_message, log=self._telemetry.log)
         self._owns_host, self.description = True, self.host.description
-        self.timings.update(engine_start_s=self.host.start_seconds, admission_wait_s=self.host.admission_seconds)
+        self.timings.update(engine_start_s=self.host.start_seconds, admission_wait_s=self.host.admission.seconds)
 
     def _record_run(self) -> None:
         if self._telemetry.flow_run is None and (ctx := active.flow_run_context()) is not None:
-            self._telemetry.attach(ctx.flow_run, ctx.flow)
+            self._telemetry.flow_run, self._telemetry.flow = ctx.flow_run, ctx.flow  # write to its log from now on
 
     def announce(self) -> None:
         """Write the start line and ``engine.started`` at the session's first use inside its flow run (once)."""
         if self._announced or active.flow_run_context() is None:
             return
         with self._lock:
-            if self._announced:
-                return
-            self._announced = True
-        self._record_run()
-        self._telemetry.started(self.description, self.timings.get("engine_start_s", 0.0), self.fallback_warning)
+            first, self._announced = not self._announced, True
+        if first:
+            self._record_run()
+            self._telemetry.started(self.description, self.timings.get("engine_start_s", 0.0), self.fallback_warning)
 
     # ---- what it is ------------------------------------------------------------
     @property
@@ -222,13 +216,12 @@ class EngineSession:
 
     def held_results(self) -> tuple[list[GPUResult], list[GPUResult]]:
         """Every result of the session that may hold something, and the unread ones in the order produced."""
-        with self._lock:
-            return list(self._all), list(self._live.values())
+        return self._book.results()
 
     @property
     def counts(self) -> dict[str, int]:
         """Results ``produced``, ``consumed`` and ``released_unconsumed`` so far."""
-        return dict(self._counts)
+        return self._book.counts
 
     @property
     def memory(self) -> dict[str, int | None]:
@@ -250,7 +243,7 @@ class EngineSession:
         """What the session did: ``session_id``, ``backend``, ``gpus``, ``counts``, ``memory`` (bytes ``at_start``
         and ``at_end``: rmm statistics, or the ``cpu`` host store), ``peak_memory`` and ``peak_memory_per_rank``
         (bytes), ``engine_calls``, ``timings`` (seconds), ``shutdown_thread``, ``teardown``, ``dashboard`` and
-        ``held`` (:meth:`HeldMemory.summary <prefect_cudf_polars.blocks.memory.HeldMemory.summary>`)."""
+        ``held`` (:meth:`MemoryLedger.summary <prefect_cudf_polars.blocks.memory.MemoryLedger.summary>`, of the host)."""
         return {
             "session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
             "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
@@ -259,7 +252,7 @@ class EngineSession:
             "dashboard": self.description.get("dashboard"), "held": self.held.summary()}
 
     def __repr__(self) -> str:
-        return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live={len(self._live)})"
+        return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live={len(self.live_results)})"
 
     # ---- as a session provider (with block.session()) ----------------------------
     @property
@@ -293,214 +286,20 @@ class EngineSession:
         """Bytes the engine holds now (rmm statistics on GPU backends, summed over ranks); ``SessionError`` once ended."""
         return self._telemetry.note(self._check_open().read()).memory
 
-    def execute(self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
-                inputs: Sequence[GPUResult] = (), environment: Mapping[str, str | None] | None = None) -> GPUResult:
-        """
-        Run ``lf`` on the engine and return a live :class:`GPUResult`; the data stays on the engine.
-
-        A caller that stops waiting (a task timeout) leaves the call running; its result is released at once.
-
-        Parameters
-        ----------
-        lf : polars.LazyFrame
-        name : str, optional
-            The result's name (default ``"query"``).
-        lineage : Lineage, optional
-            How to produce the result again (default: ``lf``, with ``environment``).
-        inputs : sequence of GPUResult
-            The results ``lf`` was built from that this call may have claimed:
-            what they still hold is freed in the same hand-off, success or
-            failure; claimed deferred ones are listed as fused into the result.
-        environment : mapping of str to (str or None), optional
-            Set in this process and on every rank for the engine call alone, its planning included
-            (object-store credentials; ``None`` unsets a variable).
-
-        Returns
-        -------
-        GPUResult
-
-        Raises
-        ------
-        polars.exceptions.PolarsError, FileNotFoundError
-            Planning failed (a column or file that is not there); nothing has run.
-        NotImplementedError
-            The plan is refused before it runs (a zero-column read of a result), or cudf-polars cannot run it.
-        ResultConsumedError
-            The query reads a result a second time (cudf-polars' error, translated).
-        DeviceMemoryError
-            The engine ran out of device memory (the message names the block fields that help), or the results
-            the call does not read leave no room below ``device_memory_limit`` (:mod:`~prefect_cudf_polars.blocks.memory`).
-        SessionError
-            The session has ended.
-        """
-        name, run = name or "query", current_run()
-        claimed = claimed_by(inputs, run)
-        with self.held.room(claimed):  # with a device_memory_limit: until the result is counted
-            (persisted, reading, seconds, plans), fused = self._call_engine("execute", lf, claimed, run, environment,
-                                                                            self._late(name, run))
-            result = GPUResult(persisted, owner=self, name=name, run=run, lineage=lineage or Lineage.of_query(
-                lf, environment=environment), engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes, fused=fused)
-            return self._register(result, *plans, reading.memory, input_reads(claimed, plans[0]))
-
-    def _late(self, name: str, run: Any) -> Callable[[Any], None]:
-        def release_late(value: tuple[Any, ...]) -> None:  # on the owner thread
-            value[0].release()
-            with self._lock:
-                for count in ("produced", "released_unconsumed"):
-                    self._counts[count] += 1
-            self._telemetry.late_result_released(name, run.task_run_id)
-
-        return release_late
-
-    def collect(self, query: pl.LazyFrame | GPUResult, *, inputs: Sequence[GPUResult] = (),
-                environment: Mapping[str, str | None] | None = None) -> pl.DataFrame:
-        """
-        Run a query (a LazyFrame, or a GPUResult it claims) on the engine and return a host ``polars.DataFrame``.
-
-        Parameters
-        ----------
-        query : polars.LazyFrame or GPUResult
-        inputs, environment
-            As for :meth:`execute`.
-
-        Raises
-        ------
-        ResultReleasedError, ResultConsumedError, WrongEngineError
-            ``query`` (or an input) is a GPUResult that cannot be read here; nothing has run.
-        NotImplementedError, DeviceMemoryError, SessionError
-            As for :meth:`execute`.
-        """
-        if isinstance(query, GPUResult):
-            inputs, query = [*inputs, query], query.lazy()
-        claimed = claimed_by(inputs, run := current_run())
-        with self.held.room(claimed):
-            return self._call_engine("collect", query, claimed, run, environment, None)[0][0]
-
-    def _call_engine(self, kind: str, lf: pl.LazyFrame, claimed: Sequence[GPUResult], run: Any,
-                     environment: Mapping[str, str | None] | None, on_late: Callable[[Any], None] | None) -> tuple:
-        """Check the plan and run it on the owner thread (freeing what the inputs ``run`` claimed hold), translate its errors."""
-        host = self._check_open()
-        fused = fused_steps(claimed)
-        prepared = partial(prepare_result, optimized=kind == "execute" and self.block.result_artifacts)
-        planned: list[Any] = []  # on the owner thread: the plan's outcome, once planning passed
-        scanned: list[GPUResult] = []  # the results whose frames the plan scans
-
-        def plan(query: pl.LazyFrame) -> Any:  # a frame an earlier query read is refused, as cudf-polars would
-            outcome = prepared(query)
-            with self._lock:
-                scanned.extend(scanned_by(self._all, outcome[1][0]))
-            for result in (r for r in scanned if not r.holding):
-                result.check_readable(run=run)
-            planned.append(outcome)
-            return outcome
-
-        try:
-            out = host.call_engine(kind, lf, plan=plan, after=lambda: free_claimed([*claimed, *scanned]),
-                                   env=environment, on_late=on_late)
-        except Exception as exc:
-            if not planned:  # refused while planning (polars' error, or ours): nothing ran, nothing to translate
-                raise
-            raise_engine_error(exc, note=fused_note(exc, fused))
-        finally:
-            with self._lock:
-                self._engine_calls += bool(planned)
-        self._telemetry.note(out[1])
-        return out, fused
-
-    def defer(self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
-              inputs: Sequence[GPUResult] = (), step: FusedStep | None = None) -> GPUResult:
-        """
-        Keep ``lf`` as a live deferred :class:`GPUResult`, to run fused into its reader's engine call.
-
-        Nothing runs: the schema is resolved and the plan checked as the engine
-        would (on ``cpu``, the GPU-support check when ``raise_on_fail``).
-
-        Parameters
-        ----------
-        lf : polars.LazyFrame
-        name, lineage
-            As for :meth:`execute`.
-        inputs : sequence of GPUResult
-            The claimed ones are held until the reader's call.
-        step : FusedStep, optional
-            The step's own record (a replay passes the original's, so it keeps
-            naming the task run that deferred it).
-
-        Returns
-        -------
-        GPUResult
-            Live and deferred.
-
-        Raises
-        ------
-        polars.exceptions.PolarsError
-            The schema cannot be resolved (with a note naming the step).
-        NotImplementedError
-            The plan is refused (nothing has run).
-        SessionError
-            The session has ended.
-        """
-        running = self._check_open().running
-        name, run = name or "query", current_run()
-        try:
-            schema = lf.collect_schema()
-            flags, plans = prepare_result(lf, optimized=self.block.result_artifacts)
-            if running is None:
-                raise SessionError(self.ended_message())
-            running.check_plan(lf, flags)  # pure Python (the GPU-support check): on this thread
-        except Exception as exc:
-            exc.add_note(f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
-                         "and checks its plan before the task that reads it runs it.")
-            raise
-        held = tuple(claimed_by(inputs, run))
-        own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
-        result = GPUResult(HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
-                           lineage=lineage or Lineage.of_query(lf, deferred=True))
-        return self._register(result, *plans, None)
-
-    def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
-        """A live result wrapping what ``like`` handed over (``tee``'s first copy); ``SessionError`` once ended."""
-        result = GPUResult(handed, owner=self, name=like.name, run=current_run(), lineage=like.lineage,
-                           rows=like.rows, bytes=like.bytes, fused=like.fused)
-        return self._register(result, None, None, None)
-
-    def _register(self, result: GPUResult, plan: str | None, engine_plan: str | None, memory: int | None,
-                  reads: Sequence[dict[str, Any]] = ()) -> GPUResult:
-        with self._lock:
-            open_ = self.state is State.OPEN and not self._ending
-            if open_:
-                self._live[result.id] = result
-                self._all.add(result)
-                self._counts["produced"] += 1
-        if not open_:
-            result.release()
-            raise SessionError(self.ended_message())
-        self._telemetry.result_created(result, plan, memory, engine_plan, reads)
-        self.held.note_held(result)
-        return result
-
     # ---- what results ask of their session (ResultOwner) ---------------------------
     def reader_here(self) -> EngineSession | None:
         """The session active in this context, which a claim here would read for (``None``: none)."""
-        provider = active.innermost()
-        return None if provider is None else provider.provided_session
+        return getattr(active.innermost(), "provided_session", None)
 
     def claimed(self, result: GPUResult) -> None:
-        """Count ``result`` consumed (its first claim) and send ``result.consumed``."""
-        if self._left(result, "consumed"):
+        """Count ``result`` consumed (its first claim), know its frame by its cache id, and send ``result.consumed``."""
+        if self._book.leave(result, "consumed"):
             self._telemetry.result_consumed(result)
 
     def released(self, result: GPUResult) -> None:
         """Count ``result`` released unread (once) and send ``result.released``."""
-        if self._left(result, "released_unconsumed"):
+        if self._book.leave(result, "released_unconsumed"):
             self._telemetry.result_released(result, at_session_end=False)
-
-    def _left(self, result: GPUResult, count: str) -> bool:
-        """Whether ``result`` was live here; then it is counted under ``count`` and live no more."""
-        with self._lock:
-            live = self._live.pop(result.id, None) is not None
-            self._counts[count] += live
-        return live
 
     def free(self, persisted: Any) -> None:
         """Release ``persisted`` on the owner thread, without waiting for it; once the engine has shut down, let it go."""
@@ -530,33 +329,29 @@ class EngineSession:
                 return self.summary()
             self._closing = True
         limit = min(self.block.teardown_timeout, TERMINATING_TEARDOWN_S) if terminating else self.block.teardown_timeout
-        host, done, still, interrupted = self.host, True, 0, None
+        host: EngineHost = self.host  # type: ignore[assignment]  # set by the opening
+        done, still, interrupted = True, 0, None
         try:
             still = self._served.wait(limit)
-            with self._lock:
-                self._ending = True
-                live, self._live = list(self._live.values()), {}
-                self._counts["released_unconsumed"] += len(live)
-                holding = [r for r in self._all if r.holding]
-            for result in live:
+            self._ending = True
+            for result in self._book.close():
                 self._telemetry.result_released(result, at_session_end=True)
-            if host is not None and self._owns_host:
-                done = host.shutdown(limit, before=self._last_call)
-                self.timings["engine_shutdown_s"] = host.shutdown_seconds
-                self._shutdown_thread = host.thread.name
-            elif host is not None:
-                done = host.run_bounded(lambda: release_partitions(holding), timeout=limit)
+            done = self._end_engine(host, limit)
+            if self._owns_host:
+                self.timings["engine_shutdown_s"], self._shutdown_thread = host.shutdown_seconds, host.thread.name
             self.teardown = "complete" if done else f"stopped waiting after {limit:g} s for the engine"
         except BaseException as exc:  # a failure, or an interruption (KeyboardInterrupt, a cancellation)
             done, interrupted = False, (None if isinstance(exc, Exception) else exc)
             what = "interrupted" if interrupted else f"failed: {type(exc).__name__}: {exc}"
             self.teardown = f"{what}; the engine's end was queued without waiting for it"
-            self._queue_end(host)
+            try:
+                self._end_engine(host, 0)  # queued once: a shutdown queued before is found queued
+            except Exception as also:  # what a failed close reports is its first error
+                logger.debug("Engine session %s: queueing its end failed: %s", self.id, also)
         finally:
             tombstone = EndedSession(self.id, self.backend, self.served_run, self.subflow)
-            for result in list(self._all):
+            for result in self._book.clear():
                 result.end(tombstone, drop=done)
-            self._all = weakref.WeakSet()
             self.state, self.host = State.CLOSED, (None if done else host)
             last = exits.closed(self)
             if self._token is not None:
@@ -573,15 +368,15 @@ class EngineSession:
             raise interrupted
         return summary
 
-    def _queue_end(self, host: EngineHost | None) -> None:
-        """Queue on the owner thread what ``close`` could not wait for: the shutdown, or a shared engine's frees."""
-        try:
-            if host is not None and self._owns_host:
-                host.shutdown(0, before=self._last_call)  # queued once; a second call finds it queued
-            elif host is not None:
-                host.post(release_partitions, [r for r in self._all if r.holding])
-        except Exception as exc:  # what a failed close reports is its first error
-            logger.debug("Engine session %s: queueing its end failed: %s", self.id, exc)
+    def _end_engine(self, host: EngineHost, limit: float) -> bool:
+        """
+        Shut the engine down (this session started it) or, on a shared engine, free this session's partitions,
+        after the calls already queued; whether that ended within ``limit`` seconds (0: queued, not waited for).
+        """
+        if self._owns_host:
+            return host.shutdown(limit, before=self._last_call)
+        holding = [r for r in self.held_results()[0] if r.holding]
+        return host.run_bounded(lambda: release_partitions(holding), timeout=limit)
 
     def close_at_exit(self) -> None:
         """Close at interpreter exit: Prefect's services may have stopped, so say nothing to Prefect."""
@@ -590,9 +385,7 @@ class EngineSession:
 
     def _last_call(self) -> None:
         """On the owner thread, before the engine shuts down: what it holds at the end."""
-        running = self.host.running if self.host is not None else None
-        if running is not None:
-            self._memory["at_end"] = self._telemetry.note(running.read()).memory
+        self._memory["at_end"] = self._telemetry.note(self.host.engine.read()).memory  # type: ignore[union-attr]
 
 
 CudfPolarsEngine.session_type = EngineSession

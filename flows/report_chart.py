@@ -41,10 +41,8 @@ def carrier_month_chart(delays: pl.DataFrame, path: Path, *, title: str) -> Path
     """
     missing = {"carrier", "month", "mean_arr_delay"} - set(delays.columns)
     if missing or delays.height == 0:
-        raise ValueError(
-            f"carrier_month_chart needs rows with carrier, month and mean_arr_delay; "
-            f"got {delays.height} rows, missing columns {sorted(missing)}."
-        )
+        raise ValueError(f"carrier_month_chart needs rows with carrier, month and mean_arr_delay; got {delays.height} "
+                         f"rows, missing columns {sorted(missing)}.")
     from matplotlib.figure import Figure
 
     grid = delays.pivot("month", index="carrier", values="mean_arr_delay", sort_columns=True).sort("carrier")

@@ -14,7 +14,11 @@ Commands
     Run, in order and printing each one, the commands of the README's "Deploy"
     section: register the block type, save the engine block, create the process
     work pool with a concurrency limit of 1, and ``prefect --no-prompt deploy --all``
-    with the project's ``prefect.yaml``. ``make deploy`` calls it. With
+    with the project's ``prefect.yaml``. ``make deploy`` calls it. Without
+    ``--backend``, the engine block is ``spmd`` where a GPU backend can run here,
+    else what ``make run`` runs, ``auto`` with ``cpu_fallback`` (said before the
+    commands), so a first deployment's flow runs complete on a worker without a
+    GPU too (:func:`deploy_backend`). With
     ``--admission-limit``, flow runs share the GPU by bytes instead
     (``docs/admission.md``): the engine block gets ``device_memory_limit`` and
     ``admission_limit``, the global concurrency limit gets one slot per GiB of
@@ -47,19 +51,22 @@ class DeployError(RuntimeError):
     """A deploy step failed or cannot run; the message says what to do."""
 
 
-def api_url() -> str | None:
-    """The configured ``PREFECT_API_URL`` (environment or active profile), or ``None``."""
-    from prefect.settings import get_current_settings
+def memory_limit_value(text: str) -> int | str:
+    """
+    A ``--device-memory-limit`` as the block takes it (argparse's ``type``): bytes (``"40000000000"`` -> int), else
+    the text as typed (``"40%"``), for the block's validator to accept or refuse.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
-    url = get_current_settings().api.url
-    return str(url) if url else None
 
-
-def memory_limit_value(text: str | None) -> int | str | None:
-    """A ``--device-memory-limit`` as the block takes it: bytes (``"40000000000"`` -> int) or a percentage (``"40%"``)."""
-    if text is None:
-        return None
-    return text if text.strip().endswith("%") else int(text)
+def whole_gib(text: str) -> int:
+    """``--slots`` and ``--gpu-memory-gib`` (argparse's ``type``): the GPU's memory in whole GiB, 1 or more."""
+    if not text.isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"got {text}: give the GPU's memory in whole GiB (1 or more)")
+    return int(text)
 
 
 def save_engine(name: str, *, backend: str, cpu_fallback: bool = False, device_memory_limit: int | str | None = None,
@@ -98,10 +105,9 @@ def save_engine(name: str, *, backend: str, cpu_fallback: bool = False, device_m
     """
     from prefect_cudf_polars.blocks import CudfPolarsEngine
 
-    fields = {"device_memory_limit": device_memory_limit, "admission_limit": admission_limit}
-    if admission_timeout is not None:
-        fields["admission_timeout"] = admission_timeout
-    return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback, **fields).save(name, overwrite=True))
+    timeout = {} if admission_timeout is None else {"admission_timeout": admission_timeout}
+    return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback, device_memory_limit=device_memory_limit,
+                                admission_limit=admission_limit, **timeout).save(name, overwrite=True))
 
 
 def set_admission_limit(name: str, slots: int) -> None:
@@ -123,15 +129,14 @@ def set_admission_limit(name: str, slots: int) -> None:
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
     from prefect.exceptions import ObjectNotFound
 
+    fields = {"limit": slots, "active": True, "slot_decay_per_second": 0.0}
     with get_client(sync_client=True) as client:
         try:
             client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            client.create_global_concurrency_limit(
-                GlobalConcurrencyLimitCreate(name=name, limit=slots, active=True, slot_decay_per_second=0.0))
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, **fields))
         else:
-            client.update_global_concurrency_limit(
-                name, GlobalConcurrencyLimitUpdate(limit=slots, active=True, slot_decay_per_second=0.0))
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(**fields))
 
 
 def gpu_memory_slots(gpu_memory_bytes: int) -> int:
@@ -148,7 +153,7 @@ def gpu_memory_slots(gpu_memory_bytes: int) -> int:
 
 
 def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback: bool = False,
-                    device_memory_limit: str | None = None, admission_limit: str | None = None,
+                    device_memory_limit: int | str | None = None, admission_limit: str | None = None,
                     gpu_memory_gib: int | None = None) -> list[list[str]]:
     """
     The commands ``deploy`` runs, in order, as the README (and ``docs/admission.md``) write them.
@@ -164,8 +169,8 @@ def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback:
     ----------
     engine_block, backend, pool, cpu_fallback
         As for :func:`deploy`.
-    device_memory_limit : str, optional
-        The engine block's ``device_memory_limit`` as typed: bytes or ``"40%"``.
+    device_memory_limit : int or str, optional
+        The engine block's ``device_memory_limit``: bytes or ``"40%"``.
     admission_limit : str, optional
         The global concurrency limit's name.
     gpu_memory_gib : int, optional
@@ -186,7 +191,7 @@ def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback:
         raise ValueError("admission_limit needs device_memory_limit and gpu_memory_gib")
     save = ["prefect-cudf-polars", "save-engine", engine_block, "--backend", backend]
     save += ["--cpu-fallback"] if cpu_fallback else []
-    save += ["--device-memory-limit", device_memory_limit] if device_memory_limit is not None else []
+    save += ["--device-memory-limit", str(device_memory_limit)] if device_memory_limit is not None else []
     save += ["--admission-limit", admission_limit] if admission_limit is not None else []
     if admission_limit is None:
         sharing = [["prefect", "work-pool", "set-concurrency-limit", pool, "1"]]
@@ -202,6 +207,34 @@ def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback:
     ]
 
 
+def deploy_backend(backend: str | None, cpu_fallback: bool) -> tuple[str, bool, str | None]:
+    """
+    The engine block's backend and ``cpu_fallback`` that ``deploy`` saves, and a note when it chose them.
+
+    A ``backend`` given is kept, as given. Without one: ``spmd`` where a GPU
+    backend can run here (:func:`~prefect_cudf_polars.blocks.backends.probe.probe`);
+    else what ``make run`` runs, ``auto`` with ``cpu_fallback``, so the flow runs
+    use the GPU on a worker with one and complete on the CPU elsewhere (with a
+    WARNING in their log), instead of all failing with ``NoGPUError``.
+
+    Returns
+    -------
+    (backend, cpu_fallback, note)
+        ``note`` says why and how to choose otherwise; ``None`` unless ``auto`` was chosen.
+    """
+    if backend is not None:
+        return backend, cpu_fallback, None
+    from prefect_cudf_polars.blocks.backends.probe import probe
+
+    problem = probe().problem
+    if problem is None:
+        return "spmd", cpu_fallback, None
+    return "auto", True, (f"No GPU backend can run here ({problem}), so the engine block gets backend=auto with "
+                          "cpu_fallback, as `make run` runs: flow runs use the GPU on a worker with one, else the CPU "
+                          "(a WARNING in their log). For flow runs that must use the GPU, deploy with --backend "
+                          "spmd (make deploy ENGINE_BACKEND=spmd).")
+
+
 def to_argv(command: list[str]) -> list[str]:
     """Run a README command with this Python (``python -m prefect`` / ``-m prefect_cudf_polars.cli``)."""
     module = {"prefect": "prefect", "prefect-cudf-polars": "prefect_cudf_polars.cli"}[command[0]]
@@ -209,7 +242,7 @@ def to_argv(command: list[str]) -> list[str]:
 
 
 def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
-           project_dir: str | Path = ".", cpu_fallback: bool = False, device_memory_limit: str | None = None,
+           project_dir: str | Path = ".", cpu_fallback: bool = False, device_memory_limit: int | str | None = None,
            admission_limit: str | None = None, gpu_memory_gib: int | None = None) -> None:
     """
     Register the block type, save the engine block, create the pool (and the admission limit), deploy every flow.
@@ -242,12 +275,12 @@ def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", p
     if not (root / "prefect.yaml").is_file():
         raise DeployError(f"No prefect.yaml in {root}. Run this from the prefect-cudf-polars checkout's "
                           "root (or pass --project-dir).")
-    if api_url() is None:
-        raise DeployError(
-            "PREFECT_API_URL is not set, so deployments would go to a temporary API no "
-            "worker can reach. Start a server (`prefect server start`) and point at it: "
-            "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`."
-        )
+    from prefect.settings import get_current_settings
+
+    if not get_current_settings().api.url:  # the environment's or the active profile's
+        raise DeployError("PREFECT_API_URL is not set, so deployments would go to a temporary API no worker can "
+                          "reach. Start a server (`prefect server start`) and point at it: "
+                          "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`.")
     for command in deploy_commands(engine_block=engine_block, backend=backend, pool=pool, cpu_fallback=cpu_fallback,
                                    device_memory_limit=device_memory_limit, admission_limit=admission_limit,
                                    gpu_memory_gib=gpu_memory_gib):
@@ -275,23 +308,17 @@ examples:
   prefect-cudf-polars deploy --admission-limit gpu-memory --device-memory-limit 40%
 """
 BACKENDS = ["auto", "spmd", "dask", "ray", "cpu"]
-BACKEND_HELP = (
-    "auto: spmd with one visible GPU, dask with several; spmd: one GPU, in the flow "
-    "run's process; dask: a local Dask cluster the flow run starts, one worker per GPU; "
-    "ray: a local Ray the flow run starts, one actor per GPU; cpu: polars' CPU engine, "
-    "no GPU (default: %(default)s)"
-)
+BACKEND_HELP = ("auto: spmd with one visible GPU, dask with several; spmd: one GPU, in the flow run's process; dask: "
+                "a local Dask cluster the flow run starts, one worker per GPU; ray: a local Ray the flow run starts, "
+                "one actor per GPU; cpu: polars' CPU engine, no GPU (default: %(default)s)")
+DEPLOY_BACKEND_DEFAULT = "spmd where a GPU backend can run here, else auto with --cpu-fallback, as make run"
 CPU_FALLBACK_HELP = "with no usable GPU, warn and use the cpu backend instead of failing"
-DEVICE_MEMORY_LIMIT_HELP = (
-    "device memory each flow run's engine may use: bytes (40000000000) or a percentage of the "
-    "GPU's memory (40%%); its slots of the admission limit are this in GiB, rounded up "
-    "(default: the whole GPU)"
-)
-ADMISSION_LIMIT_HELP = (
-    "Prefect global concurrency limit whose slots are GiB of device memory: each flow run "
-    "occupies its device memory limit's GiB while its engine runs (needs --device-memory-limit; "
-    "default: no admission)"
-)
+DEVICE_MEMORY_LIMIT_HELP = ("device memory each flow run's engine may use: bytes (40000000000) or a percentage of the "
+                            "GPU's memory (40%%); its slots of the admission limit are this in GiB, rounded up "
+                            "(default: the whole GPU)")
+ADMISSION_LIMIT_HELP = ("Prefect global concurrency limit whose slots are GiB of device memory: each flow run occupies "
+                        "its device memory limit's GiB while its engine runs (needs --device-memory-limit; default: "
+                        "no admission)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,44 +326,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefect-cudf-polars", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    save = sub.add_parser(
-        "save-engine", help="save a cudf-polars-engine block (overwrites one of that name)",
-        description="Save a cudf-polars-engine block under NAME, overwriting one of that "
-        "name. Flows load it with CudfPolarsEngine.load(NAME).",
-    )
+    save = sub.add_parser("save-engine", help="save a cudf-polars-engine block (overwrites one of that name)",
+                          description="Save a cudf-polars-engine block under NAME, overwriting one of that name. "
+                          "Flows load it with CudfPolarsEngine.load(NAME).")
     save.add_argument("name", metavar="NAME", help="the block's name, e.g. gpu")
     limit = sub.add_parser(
         "admission-limit", help="create or resize the global concurrency limit of GiB of device memory",
-        description="Create the Prefect global concurrency limit NAME with N slots, or set an existing "
-        "one's size to N (the slots in use are kept); either way it is active and its slots do not decay. "
-        "Its slots are GiB of device memory: give one per GiB of the GPU's memory, rounded up.",
-    )
+        description="Create the Prefect global concurrency limit NAME with N slots, or set an existing one's size to "
+        "N (the slots in use are kept); either way it is active and its slots do not decay. Its slots are GiB of "
+        "device memory: give one per GiB of the GPU's memory, rounded up.")
     limit.add_argument("name", metavar="NAME", help="the limit's name, e.g. gpu-memory")
-    limit.add_argument("--slots", type=int, required=True, metavar="N",
+    limit.add_argument("--slots", type=whole_gib, required=True, metavar="N",
                        help="its size: GiB of the smallest GPU's memory the flow runs share, e.g. 80")
     dep = sub.add_parser(
         "deploy", help="register the block type, save the engine block, create the work pool, deploy",
-        description="Run, printing each one: prefect block register -m "
-        "prefect_cudf_polars.blocks; prefect-cudf-polars save-engine; prefect work-pool "
-        "create (process type) and set-concurrency-limit 1; prefect --no-prompt deploy "
-        "--all. With --admission-limit, flow runs share the GPU by bytes instead: the "
-        "engine block gets the device memory limit and the admission limit, "
-        "prefect-cudf-polars admission-limit creates or resizes the global concurrency limit "
-        "to the GPU's GiB, and the work pool's concurrency limit is cleared. Every step can "
-        "be repeated.",
-    )
+        description="Run, printing each one: prefect block register -m prefect_cudf_polars.blocks; "
+        "prefect-cudf-polars save-engine; prefect work-pool create (process type) and set-concurrency-limit 1; "
+        "prefect --no-prompt deploy --all. With --admission-limit, flow runs share the GPU by bytes instead: the "
+        "engine block gets the device memory limit and the admission limit, prefect-cudf-polars admission-limit "
+        "creates or resizes the global concurrency limit to the GPU's GiB, and the work pool's concurrency limit "
+        "is cleared. Every step can be repeated.")
     dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK, metavar="NAME",
                      help="name of the engine block to save; prefect.yaml's deployment loads "
                      "'%(default)s' (default: %(default)s)")
-    # Both commands save an engine block; save-engine's backend defaults to auto, deploy's to spmd.
-    for command, backend in ((save, "auto"), (dep, "spmd")):
-        command.add_argument("--backend", default=backend, choices=BACKENDS, help=BACKEND_HELP)
+    # Both commands save an engine block; save-engine's backend defaults to auto, deploy's is chosen
+    # from this machine (deploy_backend).
+    for command, backend, default in ((save, "auto", "%(default)s"), (dep, None, DEPLOY_BACKEND_DEFAULT)):
+        command.add_argument("--backend", default=backend, choices=BACKENDS,
+                             help=BACKEND_HELP.replace("%(default)s", default))
         command.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
-        command.add_argument("--device-memory-limit", metavar="BYTES|PCT%", help=DEVICE_MEMORY_LIMIT_HELP)
+        command.add_argument("--device-memory-limit", type=memory_limit_value, metavar="BYTES|PCT%",
+                             help=DEVICE_MEMORY_LIMIT_HELP)
         command.add_argument("--admission-limit", metavar="NAME", help=ADMISSION_LIMIT_HELP)
     save.add_argument("--admission-timeout", type=float, metavar="SECONDS",
                       help="seconds a flow run waits for its admission slots before it fails (default: 3600)")
-    dep.add_argument("--gpu-memory-gib", type=int, metavar="N",
+    dep.add_argument("--gpu-memory-gib", type=whole_gib, metavar="N",
                      help="slots of the admission limit: GiB of the GPU's memory (default: the smallest GPU "
                      "here's memory in GiB, rounded up; needed on a machine without one)")
     dep.add_argument("--pool", default=DEFAULT_POOL,
@@ -360,23 +384,14 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
 
     from prefect_cudf_polars.blocks import CudfPolarsEngine
     from prefect_cudf_polars.blocks.admission import slots_for
+    from prefect_cudf_polars.blocks.errors import invalid_fields
 
-    try:
-        limit = memory_limit_value(args.device_memory_limit)
-    except ValueError:
-        parser.error(f"--device-memory-limit {args.device_memory_limit}: give bytes (40000000000) or a "
-                     "percentage of the GPU's memory (40%)")
-    if args.admission_limit is not None and limit is None:
-        parser.error("--admission-limit needs --device-memory-limit: a flow run occupies that limit's GiB "
-                     "(e.g. --device-memory-limit 40%)")
-    timeout = getattr(args, "admission_timeout", None)
-    try:
+    limit, timeout = args.device_memory_limit, getattr(args, "admission_timeout", None)
+    try:  # the block's own validators say what each field allows (and that admission_limit needs a limit)
         CudfPolarsEngine(backend=args.backend, device_memory_limit=limit, admission_limit=args.admission_limit,
                          **({"admission_timeout": timeout} if timeout is not None else {}))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"] if not str(part).startswith(("int", "constrained")))
-        parser.error(f"{where or 'engine block'}: {first['msg'].removeprefix('Value error, ')}")
+        parser.error(invalid_fields(exc))
     if args.command != "deploy" or args.admission_limit is None:
         return
     if args.gpu_memory_gib is None:
@@ -387,8 +402,6 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
             parser.error("--admission-limit needs --gpu-memory-gib N (the GPU's memory in GiB, the limit's "
                          "slots): no GPU is visible here to read it from")
         args.gpu_memory_gib = gpu_memory_slots(found)
-    if args.gpu_memory_gib < 1:
-        parser.error(f"--gpu-memory-gib {args.gpu_memory_gib}: give the GPU's memory in whole GiB (1 or more)")
     if isinstance(limit, int) and slots_for(limit) > args.gpu_memory_gib:
         parser.error(f"--device-memory-limit {limit} is {slots_for(limit)} GiB, more than the "
                      f"{args.gpu_memory_gib} GiB of --gpu-memory-gib: no flow run would ever be admitted")
@@ -398,25 +411,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-cudf-polars`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     parser = args.commands[args.command]  # its errors show the command's usage
+    note = None
+    if args.command == "deploy":
+        args.backend, args.cpu_fallback, note = deploy_backend(args.backend, args.cpu_fallback)
     if args.command in ("save-engine", "deploy"):
         check_engine_arguments(parser, args)
     try:
         if args.command == "save-engine":
             block_id = save_engine(args.name, backend=args.backend, cpu_fallback=args.cpu_fallback,
-                                   device_memory_limit=memory_limit_value(args.device_memory_limit),
-                                   admission_limit=args.admission_limit, admission_timeout=args.admission_timeout)
+                                   device_memory_limit=args.device_memory_limit, admission_limit=args.admission_limit,
+                                   admission_timeout=args.admission_timeout)
             print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
         elif args.command == "admission-limit":
-            if args.slots < 1:
-                parser.error(f"--slots {args.slots}: give the GPU's memory in whole GiB (1 or more)")
             from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
+            from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE
 
             if not re.match(LIMIT_NAME_PATTERN, args.name):
-                parser.error(f"{args.name!r} is not a global concurrency limit's name: a non-empty name without "
-                             "'/', '%', '&', '>' or '<' and without spaces around it, e.g. gpu-memory")
+                parser.error(f"{args.name!r} is not {LIMIT_NAME_RULE}")
             set_admission_limit(args.name, args.slots)
             print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
         else:
+            if note is not None:
+                print(note, flush=True)
             deploy(engine_block=args.engine_block, backend=args.backend, pool=args.pool,
                    project_dir=args.project_dir, cpu_fallback=args.cpu_fallback,
                    device_memory_limit=args.device_memory_limit, admission_limit=args.admission_limit,

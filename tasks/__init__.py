@@ -32,15 +32,9 @@ This package imports :mod:`prefect_cudf_polars.blocks` (the engine side) and is
 never imported by it.
 """
 
-from prefect_cudf_polars.blocks.errors import (
-    CannotRecomputeError,
-    DeviceMemoryError,
-    GPUResultError,
-    HostPersistenceError,
-    ResultConsumedError,
-    ResultReleasedError,
-    WrongEngineError,
-)
+from prefect_cudf_polars.blocks.errors import (CannotRecomputeError, DeviceMemoryError, GPUResultError,
+                                               HostPersistenceError, ResultConsumedError, ResultReleasedError,
+                                               WrongEngineError)
 from prefect_cudf_polars.blocks.results import GPUResult
 from prefect_cudf_polars.tasks.engine_tasks import collect, execute
 from prefect_cudf_polars.tasks.fan_out import tee
@@ -52,24 +46,7 @@ from prefect_cudf_polars.tasks.storage.persisted_collect import persisted_collec
 from prefect_cudf_polars.tasks.storage.read import read_parquet
 from prefect_cudf_polars.tasks.storage.sink import ParquetSinkSummary, sink_parquet
 
-__all__ = [
-    "CannotRecomputeError",
-    "DeviceMemoryError",
-    "GPUResult",
-    "GPUResultError",
-    "GPUResultSerializer",
-    "HostPersistenceError",
-    "ParquetSinkSummary",
-    "PolarsDataFrameSerializer",
-    "ResultConsumedError",
-    "ResultReleasedError",
-    "S3AccessError",
-    "WrongEngineError",
-    "collect",
-    "execute",
-    "gpu_task",
-    "persisted_collect",
-    "read_parquet",
-    "sink_parquet",
-    "tee",
-]
+__all__ = ["CannotRecomputeError", "DeviceMemoryError", "GPUResult", "GPUResultError", "GPUResultSerializer",
+           "HostPersistenceError", "ParquetSinkSummary", "PolarsDataFrameSerializer", "ResultConsumedError",
+           "ResultReleasedError", "S3AccessError", "WrongEngineError", "collect", "execute", "gpu_task",
+           "persisted_collect", "read_parquet", "sink_parquet", "tee"]

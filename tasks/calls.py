@@ -35,15 +35,16 @@ reads a result another task may still read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import polars as pl
 
 from prefect_cudf_polars.blocks import EngineSession, GPUResult, get_engine_session
-from prefect_cudf_polars.blocks.errors import CannotRecomputeError
+from prefect_cudf_polars.blocks.errors import MAKE_RECOMPUTABLE, CannotRecomputeError, wrong_type
 from prefect_cudf_polars.blocks.lineage import Lineage
-from prefect_cudf_polars.blocks.results import claimed_by, current_run, free_claimed, replace_results
+from prefect_cudf_polars.blocks.arguments import replace_results
+from prefect_cudf_polars.blocks.runs import current_run
 
 
 class EngineCall:
@@ -83,23 +84,23 @@ class EngineCall:
         self._inputs: list[GPUResult] = []  # live when met: the only ones this call may claim, and free
         self._fresh: list[GPUResult] = []
         self._session = session
-        self._run = current_run()
-        retried = None if self._run.task_run_id is None else self._run.run_id  # only task runs retry
+        self._run = run = current_run()
+        retrying = run.task_run_id is not None  # only task runs retry
 
         def visit(result: GPUResult) -> GPUResult:
             if result.state == "released":
                 result.check_readable()  # raises, naming why it was released
             session = self.session
-            if replay_all or (retried is not None and result.state == "consumed" and result.consumed_by_id == retried):
-                fresh = replay(session, result, retry=not replay_all)
-                self._fresh.append(fresh)
-                return fresh
+            if replay_all or (retrying and result.claimed_in(run)):
+                self._fresh.append(replay(session, result, retry=not replay_all))
+                return self._fresh[-1]
             result.check_readable(session)
             self._inputs.append(result)
             return result
 
         try:
-            self.args = replace_results(args, visit)
+            no_args = type(args) is tuple and all(type(a) in (tuple, dict) and not a for a in args)
+            self.args = args if no_args else replace_results(args, visit)  # a task without arguments: no walk
             self.session  # noqa: B018  (a call with no result argument looks its session up here)
         except BaseException:
             self.finish()
@@ -118,10 +119,8 @@ class EngineCall:
     def __exit__(self, *exc: object) -> None:
         self.finish()
 
-    def execute(
-        self, lf: Any, *, name: str, lineage: Lineage | None = None, defer: bool = False, step: Any = None,
-        environment: Mapping[str, str | None] | None = None,
-    ) -> GPUResult:
+    def execute(self, lf: Any, *, name: str, lineage: Lineage | None = None, defer: bool = False, step: Any = None,
+                environment: Mapping[str, str | None] | None = None) -> GPUResult:
         """
         Run ``lf`` (a ``polars.LazyFrame``) once on the session, or keep it deferred; the result stays on the engine.
 
@@ -138,24 +137,42 @@ class EngineCall:
         polars.exceptions.PolarsError
             With ``defer``, the schema cannot be resolved.
         """
-        lf = query_of(lf, task=f"gpu_task {name!r}", results=False)
-        inputs = [*self._inputs, *self._fresh]
         if defer:
-            self.result = self.session.defer(lf, name=name, lineage=lineage, inputs=inputs, step=step)
+            self.result = self._on_session(self.session.defer, lf, name, name=name, lineage=lineage, step=step)
         else:
-            self.result = self.session.execute(lf, name=name, lineage=lineage, inputs=inputs, environment=environment)
+            self.result = self._on_session(self.session.execute, lf, name, name=name, lineage=lineage,
+                                           environment=environment)
+        return self.result
+
+    async def execute_async(self, lf: Any, *, name: str, lineage: Lineage | None = None, defer: bool = False) -> GPUResult:
+        """:meth:`execute` for a coroutine: the engine call's future is awaited on the event loop; the same errors."""
+        if defer:  # nothing runs on the engine
+            return self.execute(lf, name=name, lineage=lineage, defer=True)
+        self.result = await self._on_session(self.session.execute_async, lf, name, name=name, lineage=lineage)
         return self.result
 
     def collect(self, lf: Any, *, name: str = "collect", environment: Mapping[str, str | None] | None = None) -> pl.DataFrame:
         """Run ``lf`` once on the session and return a host ``polars.DataFrame`` (errors as :meth:`execute`)."""
-        lf = query_of(lf, task=f"gpu_task {name!r}", results=False)
-        return self.session.collect(lf, inputs=[*self._inputs, *self._fresh], environment=environment)
+        return self._on_session(self.session.collect, lf, name, environment=environment)
+
+    async def collect_async(self, lf: Any, *, name: str = "collect") -> pl.DataFrame:
+        """:meth:`collect` for a coroutine (the engine call awaited on the event loop); the same errors."""
+        return await self._on_session(self.session.collect_async, lf, name)
+
+    def _on_session(self, engine_call: Callable[..., Any], lf: Any, label: str, **options: Any) -> Any:
+        """``engine_call`` (the session's) on ``lf`` with this call's inputs; ``TypeError`` naming ``gpu_task
+        <label>`` when ``lf`` is not a LazyFrame."""
+        lf = query_of(lf, task=f"gpu_task {label!r}", results=False)
+        return engine_call(lf, inputs=[*self._inputs, *self._fresh], **options)
 
     def finish(self) -> None:
         """Free what this call's claims left, and recomputed inputs never read (idempotent); a deferred result's held inputs stay."""
         held = self.result.held_inputs if self.result is not None else ()
-        unread = [r for r in self._fresh if r.state == "live"]
-        free_claimed([r for r in [*claimed_by(self._inputs + self._fresh, self._run), *unread] if r not in held])
+        for result in [r for r in (*self._inputs, *self._fresh) if r not in held]:
+            if result.claimed_in(self._run):
+                result.free()
+            elif result.state == "live" and result in self._fresh:
+                result.release()  # recomputed, never read
         self._inputs, self._fresh = [], []
 
 
@@ -173,12 +190,11 @@ def query_of(value: Any, *, task: str, results: bool = True) -> pl.LazyFrame:
         return value.lazy()
     if isinstance(value, pl.LazyFrame):
         return value
-    got = f"{type(value).__name__}{' (call .lazy() on it)' if isinstance(value, pl.DataFrame) else ''}"
-    raise TypeError(
-        f"{task} takes a polars LazyFrame or a GPUResult, not {got}." if results else
-        f"{task} must return a polars LazyFrame (the query to run on the GPU), but returned {got}. Build "
-        "the query with .lazy() on the inputs and return it uncollected."
-    )
+    lazy = "call .lazy() on the DataFrame" if isinstance(value, pl.DataFrame) else ""
+    if results:
+        raise TypeError(wrong_type(task, "a polars LazyFrame or a GPUResult", value, lazy))
+    raise TypeError(f"{task} must return a polars LazyFrame (the query to run on the GPU), but returned "
+                    f"{type(value).__name__}: build the query with .lazy() on the inputs and return it uncollected.")
 
 
 def replay(session: EngineSession, result: GPUResult, *, retry: bool = False) -> GPUResult:
@@ -206,24 +222,15 @@ def replay(session: EngineSession, result: GPUResult, *, retry: bool = False) ->
     """
     reason, lineage = result.replay_problem, result.lineage
     if reason is not None or lineage is None:
-        message = (
-            f"GPUResult {result.name!r} (id {result.id}) was consumed by an earlier attempt of "
-            f"{result.consumed_by}, and this retry cannot recompute it: {reason}. Not retrying again. Make "
-            "the step that produced it a gpu_task (or execute) fed by scans or other GPU results, or collect "
-            "it to the host before the step that may fail."
-            if retry
-            else f"Cannot recompute {result.name!r}: {reason}. Collect it to the host before it is read, or produce it "
-            "in a gpu_task (or execute) fed by scans or other GPU results."
-        )
-        raise CannotRecomputeError(
-            message, result_id=result.id, result_name=result.name, consumer=result.consumed_by, reason=reason
-        )
+        what = (f"GPUResult {result.name!r} (id {result.id}) was consumed by an earlier attempt of "
+                f"{result.consumed_by}, and this retry cannot recompute it" if retry else f"Cannot recompute {result.name!r}")
+        message = f"{what}: {reason}.{' Not retrying again.' if retry else ''} To avoid it, {MAKE_RECOMPUTABLE}."
+        raise CannotRecomputeError(message, result_id=result.id, result_name=result.name, consumer=result.consumed_by,
+                                   reason=reason)
     with EngineCall((lineage.args, lineage.kwargs), session=session, replay_all=True) as call:
         args, kwargs = call.args
-        return call.execute(
-            lineage.build(*args, **kwargs), name=result.name, lineage=lineage, defer=lineage.deferred,
-            step=result.deferred_step, environment=lineage.environment,
-        )
+        return call.execute(lineage.build(*args, **kwargs), name=result.name, lineage=lineage, defer=lineage.deferred,
+                            step=result.deferred_step, environment=lineage.environment)
 
 
 def retry_unless_cannot_recompute(task: Any, task_run: Any, state: Any) -> bool:

@@ -12,11 +12,7 @@ from prefect_cudf_polars.tasks.run_names import collect_run_name, execute_run_na
 from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults, warn_if_persistence_requested
 
 
-@task(
-    name="cudf-polars-execute",
-    task_run_name=execute_run_name,
-    **gpu_task_defaults(),
-)
+@task(name="cudf-polars-execute", task_run_name=execute_run_name, **gpu_task_defaults())
 def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: bool = False) -> GPUResult:
     """
     Run a query on the flow run's engine and keep the result on the GPU.
@@ -69,11 +65,7 @@ def execute(query: pl.LazyFrame | GPUResult, name: str | None = None, defer: boo
         return call.execute(query_of(call.args, task="execute"), name=name or default, lineage=lineage, defer=defer)
 
 
-@task(
-    name="cudf-polars-collect",
-    task_run_name=collect_run_name,
-    **gpu_task_defaults(returns_gpu_result=False),
-)
+@task(name="cudf-polars-collect", task_run_name=collect_run_name, **gpu_task_defaults(returns_gpu_result=False))
 def collect(query: pl.LazyFrame | GPUResult) -> pl.DataFrame:
     """
     Run a query on the flow run's engine and return the result on the host.

@@ -12,7 +12,7 @@ lineage cannot be replayed is refused before anything is claimed.
 from __future__ import annotations
 
 from prefect_cudf_polars.blocks import GPUResult
-from prefect_cudf_polars.blocks.errors import CannotRecomputeError
+from prefect_cudf_polars.blocks.errors import MAKE_RECOMPUTABLE, CannotRecomputeError, wrong_type
 from prefect_cudf_polars.tasks.calls import EngineCall, replay
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
 from prefect_cudf_polars.tasks.run_names import tee_run_name
@@ -67,7 +67,7 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     >>> daily(by_day); routes(by_route)                         # doctest: +SKIP
     """
     if not isinstance(result, GPUResult):
-        raise TypeError(f"tee takes a GPUResult, not {type(result).__name__}; pass what execute or a gpu_task returned.")
+        raise TypeError(wrong_type("tee", "a GPUResult", result, "pass what execute or a gpu_task returned"))
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"tee(result, n): n must be an int, not {type(n).__name__}.")
     if n < 1:
@@ -77,10 +77,7 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
         if n > 1 and (reason := result.replay_problem) is not None:
             raise CannotRecomputeError(
                 f"Cannot split GPUResult {result.name!r} (id {result.id}) into {n}: {reason}. It is still live "
-                "and unread. Collect it once and reuse the host DataFrame, or produce it in a gpu_task from "
-                "scans or other GPU results so it can be recomputed.",
-                result_id=result.id, result_name=result.name, reason=reason,
-            )
+                f"and unread: {MAKE_RECOMPUTABLE}.", result_id=result.id, result_name=result.name, reason=reason)
         # Replays first: if one fails (a scanned file is gone), the original is still live and unread.
         copies: list[GPUResult] = []
         try:

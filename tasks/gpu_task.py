@@ -2,10 +2,11 @@
 ``gpu_task``: turn a function that builds a LazyFrame into a Prefect task that runs it on the GPU.
 
 An ``async def`` function becomes an async task, for async flows: the task
-awaits the function for its LazyFrame, then awaits the engine call in a worker
-thread (``asyncio.to_thread``), so the flow's event loop keeps running while
-the engine works; the session still runs engine calls one at a time on its
-owner thread.
+awaits the function for its LazyFrame, then awaits the engine call's future on
+the event loop (no thread of its own), so the loop keeps running while the
+engine works; the session still runs engine calls one at a time on its owner
+thread. A timeout or cancellation while the call runs releases its result the
+moment the call returns, as for a sync task.
 
 ``defer=True`` makes a deferred step: its task run builds and checks the query
 and returns a deferred ``GPUResult`` holding the plan; the task that reads it
@@ -16,7 +17,6 @@ one engine-call protocol (:class:`~prefect_cudf_polars.tasks.calls.EngineCall`).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from collections.abc import Callable
@@ -51,7 +51,7 @@ def gpu_task(fn: Callable[..., pl.LazyFrame] | None = None, /, *, collect: bool 
     the task runs it on the flow run's engine session and returns a
     :class:`GPUResult` (or, with ``collect=True``, a host ``polars.DataFrame``).
     An ``async def`` function makes an async task: await it in async flows (the
-    engine call is awaited in a worker thread, so the event loop keeps running),
+    engine call is awaited on the event loop, so the loop keeps running),
     or ``.submit()`` it from sync ones.
 
     Parameters
@@ -123,11 +123,8 @@ def gpu_task(fn: Callable[..., pl.LazyFrame] | None = None, /, *, collect: bool 
     """
 
     if collect and defer:
-        raise ValueError(
-            "gpu_task(collect=True, defer=True): a collecting step returns host data, so it "
-            "cannot be deferred. Defer the steps before it; the collecting step runs them "
-            "fused with its own query."
-        )
+        raise ValueError("gpu_task(collect=True, defer=True): a collecting step returns host data, so it cannot be "
+                         "deferred. Defer the steps before it; the collecting step runs them fused with its own query.")
 
     def decorate(user_fn: Callable[..., Any]) -> Task[..., Any]:
         # A decorator made once may decorate several functions: task_options is not changed.
@@ -135,52 +132,41 @@ def gpu_task(fn: Callable[..., pl.LazyFrame] | None = None, /, *, collect: bool 
         prefect_options = {k: v for k, v in task_options.items() if k != "name"}
         requested = persistence_requests(prefect_options)  # GPU results are never persisted
 
-        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[EngineCall, Lineage]:
-            if not collect:
-                warn_if_persistence_requested(requested)
-            return EngineCall((args, kwargs)), Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}", deferred=defer)
-
-        def run(call: EngineCall, lineage: Lineage, lf: Any) -> Any:
+        def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[EngineCall, dict[str, Any]]:
+            """The run's engine call, and the keywords of its ``collect`` or ``execute``."""
             if collect:
-                return call.collect(lf, name=name)
-            return call.execute(lf, name=name, lineage=lineage, defer=defer)
+                return EngineCall((args, kwargs)), {"name": name}
+            warn_if_persistence_requested(requested)
+            lineage = Lineage(user_fn, args, kwargs, label=f"gpu_task {name!r}", deferred=defer)
+            return EngineCall((args, kwargs)), {"name": name, "lineage": lineage, "defer": defer}
 
         if inspect.iscoroutinefunction(user_fn):
 
             @functools.wraps(user_fn)
             async def run_on_engine(*args: Any, **kwargs: Any) -> Any:
-                # Every step that may wait for the engine runs off the event loop (in a copy
-                # of this context); the engine calls still queue on its owner thread.
-                call, lineage = await asyncio.to_thread(start, args, kwargs)
-                try:
-                    a, k = call.args
-                    return await asyncio.to_thread(run, call, lineage, await user_fn(*a, **k))
-                finally:
-                    await asyncio.to_thread(call.finish)
+                call, how = start(args, kwargs)
+                with call:
+                    lf = await user_fn(*call.args[0], **call.args[1])
+                    return await (call.collect_async if collect else call.execute_async)(lf, **how)
 
         else:
 
             @functools.wraps(user_fn)
             def run_on_engine(*args: Any, **kwargs: Any) -> Any:
-                call, lineage = start(args, kwargs)
+                call, how = start(args, kwargs)
                 with call:
-                    a, k = call.args
-                    return run(call, lineage, user_fn(*a, **k))
+                    return (call.collect if collect else call.execute)(user_fn(*call.args[0], **call.args[1]), **how)
 
-        options = {
-            **gpu_task_defaults(returns_gpu_result=not collect),
-            # Task runs are named after the query (the task's name) unless overridden.
-            "task_run_name": gpu_task_run_name(name),
-            **prefect_options,
-        }
+        # Prefect binds a task's arguments to its function's signature on every call; inspect's answer, once.
+        run_on_engine.__signature__ = inspect.signature(user_fn)  # type: ignore[attr-defined]
+        # Task runs are named after the query (the task's name) unless overridden.
+        options = {**gpu_task_defaults(returns_gpu_result=not collect), "task_run_name": gpu_task_run_name(name),
+                   **prefect_options}
         if requested and not collect:
             # A GPU result is never persisted: keep Prefect from pickling it (or its
             # inputs, for a cache key) and warn on each task run instead.
-            options.pop("result_storage_key", None)
-            options.pop("cache_key_fn", None)
+            options = {k: v for k, v in options.items() if k not in ("result_storage_key", "cache_key_fn")}
             options.update(gpu_task_defaults())
         return GPUTask(fn=run_on_engine, name=name, **options)
 
-    if fn is not None:
-        return decorate(fn)
-    return decorate
+    return decorate if fn is None else decorate(fn)

@@ -17,6 +17,7 @@ before the engine starts, so the first runs are counted too.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 import weakref
@@ -45,23 +46,33 @@ def distinct_run_name(base: str) -> str:
     return base if n == 0 else f"{base}-{n}"
 
 
-def _query_name(query: Any) -> str | None:
+def _signed(fn: Callable[..., str]) -> Callable[..., str]:
+    """``fn`` with its signature set up front: Prefect 3.9 inspects a run-name function's on every task run."""
+    fn.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    return fn
+
+
+def result_name(query: Any) -> str | None:
+    """``query``'s name when it is a :class:`GPUResult`, else ``None``."""
     return query.name if isinstance(query, GPUResult) else None
 
 
+@_signed
 def execute_run_name(parameters: dict[str, Any]) -> str:
     """``execute``: the ``name`` argument, else the input result's name, else ``"execute-query"``."""
-    return distinct_run_name(parameters.get("name") or _query_name(parameters.get("query")) or "execute-query")
+    return distinct_run_name(parameters.get("name") or result_name(parameters.get("query")) or "execute-query")
 
 
+@_signed
 def collect_run_name(parameters: dict[str, Any]) -> str:
     """``collect``: ``"collect-<input result's name>"``, or ``"collect-query"`` for a LazyFrame."""
-    return distinct_run_name(f"collect-{_query_name(parameters.get('query')) or 'query'}")
+    return distinct_run_name(f"collect-{result_name(parameters.get('query')) or 'query'}")
 
 
+@_signed
 def tee_run_name(parameters: dict[str, Any]) -> str:
     """``tee``: ``"tee-<input result's name>"``."""
-    return distinct_run_name(f"tee-{_query_name(parameters.get('result')) or 'result'}")
+    return distinct_run_name(f"tee-{result_name(parameters.get('result')) or 'result'}")
 
 
 def gpu_task_run_name(name: str) -> Callable[..., str]:
@@ -71,4 +82,4 @@ def gpu_task_run_name(name: str) -> Callable[..., str]:
         return distinct_run_name(name)
 
     run_name.__name__ = f"run_name_{name}"
-    return run_name
+    return _signed(run_name)

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from prefect.serializers import PickleSerializer, Serializer
 
-from prefect_cudf_polars.blocks.errors import HostPersistenceError
+from prefect_cudf_polars.blocks.errors import RUN_PRODUCER_AGAIN, HostPersistenceError
 from prefect_cudf_polars.blocks.persistence import refuse_host_persistence
-from prefect_cudf_polars.blocks.results import results_in
+from prefect_cudf_polars.blocks.arguments import results_in
 
 #: Prefix of host values this serializer writes (anything without it is refused on load).
 HOST_HEADER = b"prefect-cudf-polars:host:"
@@ -67,8 +67,6 @@ class GPUResultSerializer(Serializer):
         """
         if not blob.startswith(HOST_HEADER):
             raise HostPersistenceError(
-                "The cudf-polars-gpu serializer never persists GPU results, so there "
-                "is nothing to load here: re-run the task that produced the result. "
-                "Persist host values (collected DataFrames) with a host serializer."
-            )
+                "The cudf-polars-gpu serializer never persists GPU results, so there is nothing to load here: "
+                f"{RUN_PRODUCER_AGAIN}, and persist host values (collected DataFrames) with a host serializer.")
         return PickleSerializer().loads(blob[len(HOST_HEADER) :])

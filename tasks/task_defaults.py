@@ -15,6 +15,7 @@ from typing import Any
 
 from prefect.cache_policies import NO_CACHE, CachePolicy
 
+from prefect_cudf_polars.blocks.errors import KEEP_ON_HOST, NOT_PERSISTED
 from prefect_cudf_polars.blocks.persistence import warn_once_in_task_run
 from prefect_cudf_polars.tasks.serializer import GPUResultSerializer
 
@@ -34,10 +35,8 @@ def gpu_task_defaults(*, returns_gpu_result: bool = True) -> dict[str, Any]:
     dict
         Keyword arguments for ``prefect.task``.
     """
-    options: dict[str, Any] = {"persist_result": False, "cache_policy": NO_CACHE}
-    if returns_gpu_result:
-        options["result_serializer"] = GPUResultSerializer()
-    return options
+    serializer = {"result_serializer": GPUResultSerializer()} if returns_gpu_result else {}
+    return {"persist_result": False, "cache_policy": NO_CACHE, **serializer}
 
 
 def persistence_requests(options: Mapping[str, Any] | Any) -> list[str]:
@@ -86,27 +85,18 @@ def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:
     from prefect.logging import get_run_logger
 
     ctx = TaskRunContext.get()
-    if ctx is None:
+    if ctx is None or not (reasons := sorted(set(persistence_requests(ctx.task)) | set(extra))):
         return
-    reasons = sorted(set(persistence_requests(ctx.task)) | set(extra))
-    if not reasons:
-        return
-    said = (
-        f"Task {ctx.task.name!r} asks for result persistence ({', '.join(reasons)}), but it returns a GPU result, "
-        "which lives in GPU memory of this process and is never written to result storage: nothing was "
-        "persisted and the result stays usable in this flow run. To keep data, collect it to the host (the "
-        "`collect` task or gpu_task(collect=True)) and persist that, or write it to parquet; and drop the "
-        "persistence options from this task."
-    )
+    said = (f"Task {ctx.task.name!r} asks for result persistence ({', '.join(reasons)}), but {NOT_PERSISTED}; "
+            f"{KEEP_ON_HOST}, and drop the persistence options from this task.")
     # Once per task run (the serializer's refusal, if Prefect calls it, warns no more), and
     # on the task run in the UI too, not only as a log line.
     if warn_once_in_task_run("%s", said):
         from prefect.artifacts import create_markdown_artifact
 
         try:
-            create_markdown_artifact(
-                markdown=f"### Result persistence refused: task `{ctx.task.name}`\n\n{said}\n",
-                description=f"Result persistence refused for task {ctx.task.name!r}: nothing was persisted",
-            )
+            create_markdown_artifact(markdown=f"### Result persistence refused: task `{ctx.task.name}`\n\n{said}\n",
+                                     description=f"Result persistence refused for task {ctx.task.name!r}: nothing "
+                                     "was persisted")
         except Exception as exc:  # the UI's view of a run must not fail the run
             get_run_logger().warning("Could not write the persistence-refusal artifact: %s", exc)

@@ -23,6 +23,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # retries (Prefect 3.9's defaults: 10 s, 5 retries).
 os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "30")
 os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "10")
+# Tests read a flow run's events and logs back by polling the API until they are there: the
+# API writes the events it has received every 0.5 s (Prefect's default: every 5 s, or per 20
+# events), and a client sends its batched logs every 0.5 s (default: every 2 s).
+os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL", "0.5")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.5")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,10 +42,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session", autouse=True)
 def prefect_api():
-    """One real local Prefect API (temporary database) for the whole test session."""
+    """
+    One real local Prefect API (temporary database) for the whole test session.
+
+    The flow runs of this process send no flow run heartbeats, unless a test asks for them
+    (:func:`flow_heartbeats`): the end of a synchronous flow run waits for its heartbeat thread,
+    which looks once a second whether to stop. Flow runs in processes of their own
+    (a worker's, the scripts') send them as Prefect's defaults say.
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=180):
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            yield
+
+
+@pytest.fixture()
+def flow_heartbeats():
+    """Prefect's default flow run heartbeats (a thread of each flow run's own) for this test's flow runs."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(restore_defaults={PREFECT_FLOWS_HEARTBEAT_FREQUENCY}):
         yield
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prefect.client.orchestration import get_client
 
-from processes import child_pids, pid_alive, stop
+from processes import child_pids, pid_alive, stop, wait_gone
 
 #: The backends a flow process runs its engine on, owning it: for dask its
 #: ``LocalCUDACluster``, for ray a local Ray.
@@ -81,8 +81,7 @@ def process_worker_deployment(
         raise
     worker_tree = child_pids(worker.pid) if worker.poll() is None else set()
     stop([worker], timeout=60)
-    time.sleep(1)
-    assert not [p for p in worker_tree if pid_alive(p)], "worker processes left behind"
+    assert not wait_gone(worker_tree, timeout=1), "worker processes left behind"
 
 
 def cancel_and_wait(

@@ -43,6 +43,10 @@ def test_deploy_commands_are_the_readme_commands():
     readme = (ROOT / "README.md").read_text()
     for command in cli.deploy_commands(engine_block="gpu", backend="spmd", pool="gpu-pool"):
         assert " ".join(command) in readme, command
+    # Where no GPU backend can run, the engine block the README names instead.
+    [save] = [c for c in cli.deploy_commands(engine_block="gpu", backend="auto", cpu_fallback=True, pool="gpu-pool")
+              if c[1] == "save-engine"]
+    assert " ".join(save[3:]) in readme, save
 
 
 def test_deploy_commands_with_admission_are_the_admission_guides_and_leave_the_pool_unlimited():
@@ -69,16 +73,19 @@ def test_save_engine_saves_the_device_memory_limit_and_the_admission_fields(caps
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["save-engine", "x", "--admission-limit", "gpu-memory"], "--admission-limit needs --device-memory-limit"),
+    (["save-engine", "x", "--admission-limit", "gpu-memory"], "admission_limit='gpu-memory' needs device_memory_limit"),
     (["save-engine", "x", "--device-memory-limit", "120%"], "device_memory_limit: device_memory_limit='120%'"),
-    (["save-engine", "x", "--device-memory-limit", "lots"], "give bytes (40000000000) or a percentage"),
-    (["deploy", "--admission-limit", "gpu-memory"], "--admission-limit needs --device-memory-limit"),
+    (["save-engine", "x", "--device-memory-limit", "lots"],
+     "device_memory_limit: device_memory_limit='lots' is not a percentage of the GPU's memory"),
+    (["deploy", "--admission-limit", "gpu-memory"], "admission_limit='gpu-memory' needs device_memory_limit"),
     (["deploy", "--admission-limit", "gpu-memory", "--device-memory-limit", "40%"],
      "--admission-limit needs --gpu-memory-gib N (the GPU's memory in GiB, the limit's slots): no GPU is visible"),
     (["deploy", "--admission-limit", "gpu-memory", "--device-memory-limit", str(90 << 30), "--gpu-memory-gib", "80"],
      "is 90 GiB, more than the 80 GiB of --gpu-memory-gib"),
-    (["admission-limit", "gpu-memory", "--slots", "0"], "--slots 0: give the GPU's memory in whole GiB"),
-    (["admission-limit", "bad name/x", "--slots", "3"], "'bad name/x' is not a global concurrency limit's name"),
+    (["admission-limit", "gpu-memory", "--slots", "0"], "--slots: got 0: give the GPU's memory in whole GiB"),
+    (["deploy", "--admission-limit", "g", "--device-memory-limit", "40%", "--gpu-memory-gib", "x"],
+     "--gpu-memory-gib: got x: give the GPU's memory in whole GiB"),
+    (["admission-limit", "bad name/x", "--slots", "3"], "'bad name/x' is not a Prefect global concurrency limit's name"),
     (["save-engine", "x", "--device-memory-limit", "40%", "--admission-limit", "a/b"],
      "admission_limit='a/b' is not a Prefect global concurrency limit's name"),
     (["save-engine", "x", "--admission-timeout", "inf", "--device-memory-limit", "40%", "--admission-limit", "g"],
@@ -177,6 +184,54 @@ def test_deploy_with_admission_saves_the_block_sizes_the_limit_and_clears_the_po
             cli.DEFAULT_POOL)
 
 
+NO_GPU_HERE = "no NVIDIA driver: libcuda.so.1 was not found"
+
+
+def gpu_here(monkeypatch, problem: str | None) -> None:
+    """This machine as the GPU probe sees it: a GPU backend can run (``problem`` None) or not, and why."""
+    from prefect_cudf_polars.blocks.backends import probe
+
+    monkeypatch.setattr(probe, "probe", lambda: probe.GPUProbe(gpus=int(problem is None), rapids=problem is None,
+                                                                problem=problem))
+
+
+@pytest.mark.timeout(600)
+def test_a_first_deploy_without_a_gpu_here_saves_what_make_run_runs_and_says_so(monkeypatch, capsys):
+    """`make deploy` with no backend chosen, on a machine without a GPU: the whole deploy, against the tests' API."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    gpu_here(monkeypatch, NO_GPU_HERE)
+    monkeypatch.setenv("PREFECT_API_URL", PREFECT_API_URL.value())  # the commands' subprocesses use this API
+    assert cli.main(["deploy", "--engine-block", "cli-first-deploy", "--project-dir", str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    assert f"No GPU backend can run here ({NO_GPU_HERE}), so the engine block gets backend=auto with cpu_fallback" in out
+    assert "--backend spmd (make deploy ENGINE_BACKEND=spmd)" in out
+    shown = [line[2:] for line in out.splitlines() if line.startswith("$ ")]
+    assert "prefect-cudf-polars save-engine cli-first-deploy --backend auto --cpu-fallback" in shown
+    block = CudfPolarsEngine.load("cli-first-deploy")
+    assert (block.backend, block.cpu_fallback) == ("auto", True)
+    with get_client(sync_client=True) as client:
+        assert client.read_work_pool(cli.DEFAULT_POOL).concurrency_limit == 1
+        assert client.read_deployment_by_name("flight-delay-report/daily-flight-delay-report")
+
+
+@pytest.mark.parametrize(("problem", "args", "saved"), [
+    (None, [], ("spmd", False)),  # a GPU here: the GPU, strictly
+    (NO_GPU_HERE, ["--backend", "spmd"], ("spmd", False)),  # chosen: kept (the worker may have the GPU)
+    (NO_GPU_HERE, ["--backend", "cpu"], ("cpu", False)),
+    (None, ["--backend", "dask", "--cpu-fallback"], ("dask", True)),
+])
+def test_deploy_keeps_a_chosen_backend_and_chooses_spmd_where_a_gpu_backend_can_run(
+        problem, args, saved, monkeypatch, capsys):
+    gpu_here(monkeypatch, problem)
+    ran = {}
+    monkeypatch.setattr(cli, "deploy", lambda **kwargs: ran.update(kwargs))
+    assert cli.main(["deploy", *args]) == 0
+    assert (ran["backend"], ran["cpu_fallback"]) == saved
+    assert "No GPU backend can run here" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("bad", ["gpu-x", "GPU"])
 def test_save_engine_rejects_an_unknown_backend(bad, capsys):
     with pytest.raises(SystemExit, match="^2$"):
@@ -228,4 +283,5 @@ def test_help_is_plain_text_and_explains_every_argument(command, capsys):
             assert markup not in help_text, markup
     if command == "deploy":
         assert "(default: gpu-pool)" in arguments["--pool POOL"]
-        assert arguments["--backend {auto,spmd,dask,ray,cpu}"].endswith("(default: spmd)")
+        assert arguments["--backend {auto,spmd,dask,ray,cpu}"].endswith(
+            "(default: spmd where a GPU backend can run here, else auto with --cpu-fallback, as make run)")

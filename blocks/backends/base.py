@@ -67,12 +67,15 @@ class Reading(NamedTuple):
         Its bytes, summed over its partitions.
     per_rank : tuple of (int or None)
         ``memory`` of each rank, in rank order.
+    bytes_per_rank : tuple of int
+        The persisted result's bytes on each rank, in rank order (empty for none).
     """
 
     memory: int | None
     rows: int | None = None
     bytes: int | None = None
     per_rank: tuple[int | None, ...] = ()
+    bytes_per_rank: tuple[int, ...] = ()
 
 
 class RunningEngine(abc.ABC):

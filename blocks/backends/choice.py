@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends import probe
-from prefect_cudf_polars.blocks.errors import NoGPUError
+from prefect_cudf_polars.blocks.errors import SAVE_ENGINE, USE_CPU, NoGPUError
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.backends.base import RunningEngine
@@ -22,12 +22,10 @@ if TYPE_CHECKING:
 
 #: The module that starts each backend (imported only when that backend runs:
 #: the GPU ones import cudf-polars).
-BACKEND_MODULES = {
-    "cpu": "prefect_cudf_polars.blocks.backends.cpu",
-    "spmd": "prefect_cudf_polars.blocks.backends.streaming",
-    "dask": "prefect_cudf_polars.blocks.backends.dask.engine",
-    "ray": "prefect_cudf_polars.blocks.backends.ray.engine",
-}
+BACKEND_MODULES = {"cpu": "prefect_cudf_polars.blocks.backends.cpu",
+                   "spmd": "prefect_cudf_polars.blocks.backends.streaming",
+                   "dask": "prefect_cudf_polars.blocks.backends.dask.engine",
+                   "ray": "prefect_cudf_polars.blocks.backends.ray.engine"}
 
 
 def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
@@ -58,17 +56,22 @@ def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
             return block.backend, None
         return ("spmd" if found.gpus == 1 else "dask"), None
     if block.cpu_fallback:
-        return "cpu", (
-            f"backend={block.backend!r} needs an NVIDIA GPU, but {found.problem}; "
-            "cpu_fallback=True, so this flow run uses the cpu backend (polars on the "
-            "CPU, results in host memory)."
-        )
-    raise NoGPUError(
-        f"backend={block.backend!r} needs an NVIDIA GPU and the RAPIDS packages, but "
-        f"{found.problem}. Run on a GPU machine, or set backend='cpu' (or "
-        "cpu_fallback=True) on the CudfPolarsEngine block to develop on the CPU; for a "
-        "saved block: prefect-cudf-polars save-engine NAME --backend cpu."
-    )
+        return "cpu", (f"backend={block.backend!r} needs an NVIDIA GPU, but {found.problem}; cpu_fallback=True, so "
+                       "this flow run uses the cpu backend (polars on the CPU, results in host memory).")
+    raise NoGPUError(f"backend={block.backend!r} needs an NVIDIA GPU and the RAPIDS packages, but {found.problem}. "
+                     f"Run on a GPU machine, or {USE_CPU}; for a saved block: "
+                     f"{SAVE_ENGINE.format(name='NAME', backend='cpu')}.")
+
+
+def gpus_used(backend: str, block: CudfPolarsEngine) -> int:
+    """
+    The GPUs of this machine an engine of ``backend`` uses: one for ``spmd`` (and ``cpu``, as one rank), every
+    visible one for a ``dask`` or ``ray`` cluster the session starts (a rank per GPU), one for an external cluster
+    (its GPUs are not this machine's).
+    """
+    if backend in ("spmd", "cpu") or block.dask_scheduler_address or block.ray_address:
+        return 1
+    return max(probe.count_gpus()[0], 1)
 
 
 def start_backend(backend: str, block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> RunningEngine:

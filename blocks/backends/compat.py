@@ -12,7 +12,10 @@ and import only what they use.
 
 from __future__ import annotations
 
+import concurrent.futures
+import datetime
 import functools
+import logging
 import os
 import sys
 import threading
@@ -112,11 +115,9 @@ def rank_reading(uid: str | None = None, query_id: str | None = None) -> list[in
 
     store = rank_local_store._stores.get(uid)
     entries = store._partitions.get(uuid.UUID(query_id), {}) if store is not None else {}
-    rows = size = 0
-    for df, _duplicated in entries.values():
-        rows += df.num_rows
-        size += sum(column.device_buffer_size() for column in df.table.columns())
-    return [allocated, rows, size]
+    frames = [df for df, _duplicated in entries.values()]
+    size = sum(column.device_buffer_size() for df in frames for column in df.table.columns())
+    return [allocated, sum(df.num_rows for df in frames), size]
 
 
 def rank_device_name() -> str:
@@ -182,6 +183,75 @@ def without_prefect_run_context(fn: Callable[[], Any]) -> Any:
         return fn()
 
     return contextvars.copy_context().run(call)
+
+
+def send_run_log(flow_run_id: Any, task_run_id: Any, message: str) -> None:
+    """
+    Queue one INFO line for a run's log in the Prefect UI, as Prefect's ``APILogHandler`` does, without the console.
+
+    Prefect 3.9.1: ``prefect.logging.handlers.emit_api_log`` takes the ``LogCreate`` form the handler's
+    ``prepare`` builds (JSON values) and queues it for the ``APILogWorker``, which sends it in batches
+    from its own thread; logging through a run logger would cost the caller about four times as much
+    (the console handler, pydantic's ``LogCreate``). Nothing is sent without a flow run id or with
+    ``PREFECT_LOGGING_TO_API_ENABLED`` off.
+    """
+    from prefect.logging.handlers import emit_api_log
+    from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
+
+    if flow_run_id is None or not PREFECT_LOGGING_TO_API_ENABLED.value():
+        return
+    emit_api_log({"name": "prefect.task_runs" if task_run_id else "prefect.flow_runs", "level": logging.INFO,
+                  "message": message, "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  "flow_run_id": str(flow_run_id), "task_run_id": str(task_run_id) if task_run_id else None})
+
+
+#: The logger of Prefect 3.9.1's queue services (``prefect._internal.concurrency.logger``).
+PREFECT_SERVICES_LOGGER = "prefect._internal.concurrency"
+
+
+def is_timed_out_slot_request(record: logging.LogRecord) -> bool:
+    """
+    Whether ``record`` is the ERROR Prefect logs when one request for concurrency slots times out.
+
+    ``concurrency(..., timeout_seconds=...)`` queues its request on a
+    ``ConcurrencySlotAcquisitionWithLeaseService``; in Prefect 3.9.1 a request
+    that times out raises ``TimeoutError`` in the service's ``acquire``, which
+    ``FutureQueueService._handle`` sets on the caller's future (the item's last
+    element; the caller gets it as ``AcquireConcurrencySlotTimeoutError``) and
+    re-raises, and ``_main_loop`` then logs ``"Service %r failed to process item
+    %r"`` at ERROR on :data:`PREFECT_SERVICES_LOGGER`. Any other failure of the
+    service, or of another service, is not this record.
+    """
+    args = record.args
+    if record.msg != "Service %r failed to process item %r" or not isinstance(args, tuple) or len(args) != 2:
+        return False
+    service, item = args
+    if service != "ConcurrencySlotAcquisitionWithLeaseService" or not isinstance(item, tuple) or not item:
+        return False
+    future = item[-1]
+    return (isinstance(future, concurrent.futures.Future) and future.done() and not future.cancelled()
+            and isinstance(future.exception(), TimeoutError))
+
+
+class _TimedOutSlotRequests(logging.Filter):
+    """Drops :func:`is_timed_out_slot_request` records: the request's caller gets the ``TimeoutError`` itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not is_timed_out_slot_request(record)
+
+
+def quiet_timed_out_slot_requests() -> None:
+    """
+    Keep Prefect from logging an ERROR for each request for concurrency slots that times out (idempotent).
+
+    An admission wait asks in requests of ``REQUEST_SLICE_S`` seconds
+    (:mod:`~prefect_cudf_polars.blocks.admission`), so every ordinary wait
+    longer than one request timed out one; the wait's own lines say what it
+    waits for.
+    """
+    services = logging.getLogger(PREFECT_SERVICES_LOGGER)
+    if not any(isinstance(f, _TimedOutSlotRequests) for f in services.filters):
+        services.addFilter(_TimedOutSlotRequests())
 
 
 # ---- CPython 3.11-3.13 ---------------------------------------------------------------

@@ -29,15 +29,15 @@ from polars.io.plugins import register_io_source
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
 from prefect_cudf_polars.blocks.backends.plans import ZERO_COLUMN_MESSAGE
+from prefect_cudf_polars.blocks.errors import RUN_PRODUCER_AGAIN
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 #: cudf-polars 26.10's message for a second read of a persisted result (``rank_local_store``).
-CONSUMED_MESSAGE = (
-    "A persisted query result is consumed on read and cannot be scanned more than once (for example a "
-    "self-join, or collecting the same LazyFrame twice). Call engine.execute() again for a fresh result."
-)
+CONSUMED_MESSAGE = ("A persisted query result is consumed on read and cannot be scanned more than once (for example "
+                    "a self-join, or collecting the same LazyFrame twice). Call engine.execute() again for a fresh "
+                    "result.")
 
 # One store per engine (its uid), each holding one partition per query id. Re-entrant:
 # a result's weakref.finalize drops its partition, and Python may run finalizers during
@@ -61,11 +61,8 @@ def _pop(uid: str, query_id: uuid.UUID) -> pl.DataFrame:
     with _lock:
         store = _stores.get(uid)
         if store is None:
-            raise RuntimeError(
-                "The persisted query result's store no longer exists: the engine was shut "
-                "down since it produced the result. Run the task that produced it again, in "
-                "an open engine session."
-            )
+            raise RuntimeError("The persisted query result's store no longer exists (its engine was shut down "
+                               f"since it produced the result): {RUN_PRODUCER_AGAIN}.")
         try:
             return store.pop(query_id)
         except KeyError:
@@ -106,9 +103,8 @@ class HostPersistedResult:
         """A LazyFrame whose scan moves the partition out of the store; it keeps this result alive."""
         owner = self
 
-        def source(
-            with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, batch_size: int | None
-        ) -> Iterator[pl.DataFrame]:
+        def source(with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None,
+                   batch_size: int | None) -> Iterator[pl.DataFrame]:
             if with_columns is not None and len(with_columns) == 0:
                 # cudf-polars 26.10's PersistedSource refuses this before it reads the partition.
                 raise NotImplementedError(ZERO_COLUMN_MESSAGE)
@@ -171,9 +167,8 @@ class CpuRunningEngine(RunningEngine):
     def read(self, persisted: Any = None) -> Reading:
         with _lock:
             held = sum(df.estimated_size() for df in _stores.get(self.uid, {}).values())
-        if persisted is None:
-            return Reading(held, per_rank=(held,))
-        return Reading(held, persisted.rows, persisted.bytes, (held,))
+        rows, size = (None, None) if persisted is None else (persisted.rows, persisted.bytes)
+        return Reading(held, rows, size, (held,), () if size is None else (size,))
 
     def describe(self) -> dict[str, Any]:
         note = ("polars CPU engine, host memory only: for developing and testing flows on machines without a GPU; "

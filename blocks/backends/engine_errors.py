@@ -35,19 +35,16 @@ import traceback
 from collections.abc import Iterator
 from typing import NoReturn
 
-from prefect_cudf_polars.blocks.errors import DeviceMemoryError, ResultConsumedError
+from prefect_cudf_polars.blocks.errors import MAKE_ROOM, SPLIT_WITH_TEE, DeviceMemoryError, ResultConsumedError
 
 _CONSUMED = "consumed on read"
 _OUT_OF_MEMORY = ("out_of_memory", "std::bad_alloc", "out of memory")
 
-DEVICE_MEMORY_MESSAGE = (
-    "The engine ran out of device memory running this query; its claimed inputs were freed and the engine "
-    "session stays usable. On the CudfPolarsEngine block: raise `device_memory_limit` where one is set, or set "
-    '`spill_results="host"` so held results move to host memory; lower `spill_device_limit` (e.g. "60%") so '
-    "rapidsmpf spills to host memory earlier; lower `target_partition_size` (bytes) for a lower peak; or use "
-    '`device_memory_resource="managed"` (unified memory, can exceed GPU memory). Or release results you no '
-    "longer need (`result.release()`). cudf-polars said: {hint}"
-)
+DEVICE_MEMORY_MESSAGE = ("The engine ran out of device memory running this query (its claimed inputs were freed; the "
+                         'session stays usable): on the CudfPolarsEngine block lower `spill_device_limit` (e.g. "60%") '
+                         "so rapidsmpf spills to host memory earlier; lower `target_partition_size` (bytes) for a lower "
+                         f'peak; or use `device_memory_resource="managed"` (unified memory, can exceed GPU memory); or '
+                         f"{MAKE_ROOM}. cudf-polars said: {{hint}}")
 
 
 def iter_exceptions(exc: BaseException) -> Iterator[BaseException]:
@@ -62,22 +59,12 @@ def iter_exceptions(exc: BaseException) -> Iterator[BaseException]:
         yield e
         if isinstance(e, BaseExceptionGroup):
             stack.extend(e.exceptions)
-        for nxt in (e.__cause__, e.__context__):
-            if nxt is not None:
-                stack.append(nxt)
+        stack.extend(nxt for nxt in (e.__cause__, e.__context__) if nxt is not None)
 
 
-def _single_leaf(exc: BaseException) -> BaseException | None:
-    """The one non-group exception inside a group ``exc``, or ``None`` if it holds several."""
-    leaves = []
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(e.exceptions)
-        else:
-            leaves.append(e)
-    return leaves[0] if len(leaves) == 1 else None
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The non-group exceptions inside ``exc``, nested groups included (``[exc]`` for one that is no group)."""
+    return [leaf for e in exc.exceptions for leaf in _leaves(e)] if isinstance(exc, BaseExceptionGroup) else [exc]
 
 
 def drop_frame_locals(exc: BaseException) -> None:
@@ -140,10 +127,8 @@ def translate_engine_error(exc: BaseException) -> BaseException:
     if any(_CONSUMED in str(e) for e in iter_exceptions(exc)):
         return ResultConsumedError(
             "The query reads a GPU result that an earlier query already read: a result is read by one query "
-            "(cudf-polars moves each partition out when it runs), which may read it several times (a self-join "
-            "runs). To read one result in two queries, split it first with `tee(result, 2)` "
-            "(prefect_cudf_polars.tasks.tee), or run the producing task again for a fresh result."
-        )
-    if isinstance(exc, BaseExceptionGroup) and (leaf := _single_leaf(exc)) is not None:
-        return leaf
+            "(cudf-polars moves each partition out when it runs), which may read it several times (a self-join runs). "
+            f"To read one result in two queries, {SPLIT_WITH_TEE}; or run the producing task again.")
+    if isinstance(exc, BaseExceptionGroup) and len(leaves := _leaves(exc)) == 1:
+        return leaves[0]
     return exc

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from prefect_cudf_polars.blocks.backends.compat import plan_visitor, with_optimizations
+from prefect_cudf_polars.blocks.errors import INSTALL
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -43,13 +44,10 @@ logger = logging.getLogger("prefect_cudf_polars.gpu_support")
 #: GPU memory size (bytes) given to cudf-polars' configuration in place of an NVML reading.
 NOMINAL_DEVICE_BYTES = 80 * 2**30
 
-REFUSAL_NOTE = (
-    "\nRefused on the cpu backend before anything ran: cudf-polars {version} checked "
-    "this plan as the GPU engines do, and they would refuse it. Rewrite the step it "
-    "names with operations cudf-polars runs on the GPU. Only `collect` can fall back: "
-    "raise_on_fail=False on the engine block lets polars' CPU engine run such a "
-    "collect on every backend, while `execute` and GPU tasks always refuse it."
-)
+REFUSAL_NOTE = ("\nRefused on the cpu backend before anything ran: cudf-polars {version} checked this plan as the GPU "
+                "engines do, and they would refuse it. Rewrite the step it names with operations cudf-polars runs on "
+                "the GPU. Only `collect` can fall back: raise_on_fail=False on the engine block lets polars' CPU engine "
+                "run such a collect on every backend, while `execute` and GPU tasks always refuse it.")
 
 
 def check_engine(block: CudfPolarsEngine) -> pl.GPUEngine:
@@ -120,11 +118,10 @@ class GPUSupportCheck:
             from cudf_polars import Translator
         except Exception as exc:  # a missing wheel: ImportError; a broken one: OSError and others
             missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("cudf_polars")
-            why = "cudf-polars is not installed here" if missing else (
-                f"cudf-polars cannot be imported here ({type(exc).__name__}: {exc})"
-            )
-            return cls(f"GPU support not checked: {why}; install the check extra "
-                       "(pip install 'prefect-cudf-polars[check]') to refuse on the CPU what the GPU would refuse")
+            why = ("cudf-polars is not installed here" if missing else
+                   f"cudf-polars cannot be imported here ({type(exc).__name__}: {exc})")
+            return cls(f"GPU support not checked: {why}; install the check extra ({INSTALL.format(extra='check')}) "
+                       "to refuse on the CPU what the GPU would refuse")
         version = cudf_polars.__version__
         try:
             engine = check_engine(block)
@@ -164,11 +161,8 @@ class GPUSupportCheck:
         except Exception as exc:
             if not self._warned:
                 self._warned = True
-                logger.warning(
-                    "cudf-polars %s could not check a query for GPU support (%s: %s); the "
-                    "cpu backend runs such queries unchecked.",
-                    self.version, type(exc).__name__, exc,
-                )
+                logger.warning("cudf-polars %s could not check a query for GPU support (%s: %s); the cpu backend runs "
+                               "such queries unchecked.", self.version, type(exc).__name__, exc)
             return
         if refusal is not None:
             raise NotImplementedError(refusal.args[0] + REFUSAL_NOTE.format(version=self.version))

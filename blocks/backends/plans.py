@@ -60,15 +60,12 @@ _PUSHED_SLICE = re.compile(r"(?m)^[ \t]*SLICE: ")
 # ... and each use of a cached frame as "CACHE[id: <id>]" in the logical plan.
 _CACHE = re.compile(r"CACHE\[id: ([^\]]+)\]")
 
-ZERO_COLUMN_MESSAGE = (
-    "This query reads a GPU result's frame (or another polars IO source) without any "
-    "of its columns, for example `with_row_index()` keeping only the index, "
-    "`select(pl.lit(1))`, or SQL `count(*)`. cudf-polars 26.10 does not support a "
-    "zero-column projection of a persisted result, so no engine runs it. Read at "
-    "least one of the result's columns: `result.lazy().select(pl.len())` counts rows "
-    "(polars reads one column for it), and "
-    "`result.lazy().with_row_index().select('index', <a column>)` numbers them."
-)
+ZERO_COLUMN_MESSAGE = ("This query reads a GPU result's frame (or another polars IO source) without any of its "
+                       "columns, for example `with_row_index()` keeping only the index, `select(pl.lit(1))`, or SQL "
+                       "`count(*)`. cudf-polars 26.10 does not support a zero-column projection of a persisted result, "
+                       "so no engine runs it. Read at least one of the result's columns: "
+                       "`result.lazy().select(pl.len())` counts rows (polars reads one column for it), and "
+                       "`result.lazy().with_row_index().select('index', <a column>)` numbers them.")
 
 
 def cache_uses(plan: str) -> Counter[str]:
@@ -80,12 +77,6 @@ def cache_id(lf: pl.LazyFrame) -> str | None:
     """The id of the cache ``lf`` ends in (a result's frame), as ``explain`` prints it; reads no data."""
     found = _CACHE.match(lf.explain(optimized=False))
     return found[1] if found else None
-
-
-def scanned_by(results: Iterable[Any], plan: str) -> list[Any]:
-    """The results (``GPUResult``) whose frame (``lazy()``, by its ``cache_id``) a logical plan scans."""
-    read = cache_uses(plan)
-    return [r for r in results if r.cache_id in read]
 
 
 def input_reads(claimed: Iterable[Any], plan: str) -> list[dict[str, Any]]:

@@ -14,6 +14,8 @@ import dataclasses
 import importlib.util
 import os
 
+from prefect_cudf_polars.blocks.errors import INSTALL
+
 # CUDA driver API status codes (cuda.h, CUresult).
 _CUDA_ERRORS = {
     35: "CUDA_ERROR_INSUFFICIENT_DRIVER: the NVIDIA driver is older than the CUDA runtime",
@@ -55,12 +57,10 @@ def count_gpus() -> tuple[int, str | None]:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return 0, "no NVIDIA driver: libcuda.so.1 was not found"
-    status = cuda.cuInit(0)
-    if status != 0:
+    if status := cuda.cuInit(0):
         return 0, f"cuInit failed with {_CUDA_ERRORS.get(status, f'CUresult {status}')}"
     count = ctypes.c_int(0)
-    status = cuda.cuDeviceGetCount(ctypes.byref(count))
-    if status != 0:
+    if status := cuda.cuDeviceGetCount(ctypes.byref(count)):
         return 0, f"cuDeviceGetCount failed with CUresult {status}"
     if count.value == 0:
         return 0, "the NVIDIA driver sees no GPU (check CUDA_VISIBLE_DEVICES)"
@@ -101,9 +101,6 @@ def probe() -> GPUProbe:
     gpus, problem = count_gpus()
     rapids = rapids_installed()
     if problem is None and not rapids:
-        problem = (
-            "the RAPIDS packages are not installed: install the extra matching your "
-            "CUDA driver, `pip install 'prefect-cudf-polars[cu13]'` (driver >= 580) "
-            "or `pip install 'prefect-cudf-polars[cu12]'`"
-        )
+        problem = ("the RAPIDS packages are not installed: install the extra matching your CUDA driver, "
+                   f"{INSTALL.format(extra='cu13')} (driver >= 580) or {INSTALL.format(extra='cu12')}")
     return GPUProbe(gpus=gpus, rapids=rapids, problem=problem)

@@ -99,20 +99,28 @@ class StreamingRunningEngine(RunningEngine):
     * on ``ray``, they are released before the shutdown: a release after it
       calls an actor, which starts a new local Ray (Ray 2.60).
 
+    Building it also silences cudf-polars' ``UnstableWarning`` (:func:`silence_unstable_warning`).
+
     Parameters
     ----------
     backend : str
         ``"spmd"``, ``"dask"`` or ``"ray"``.
     stack : contextlib.ExitStack
         The host's exit stack.
-    extra : dict, optional
-        Backend facts for logs and artifacts (the Dask dashboard, the cluster).
+    memory_limit : int, optional
+        ``device_memory_limit`` in bytes, which the engine is held to.
+
+    Attributes
+    ----------
+    extra : dict
+        Backend facts for logs and artifacts (the Dask dashboard, the cluster); empty until the backend sets them.
     """
 
-    def __init__(self, backend: str, stack: ExitStack, extra: dict[str, Any] | None = None) -> None:
-        self.backend = backend
+    def __init__(self, backend: str, stack: ExitStack, memory_limit: int | None = None) -> None:
+        silence_unstable_warning()
+        self.backend, self.memory_limit = backend, memory_limit
         self.engine: Any = None
-        self.extra = extra or {}
+        self.extra: dict[str, Any] = {}
         self._produced: weakref.WeakSet[Any] = weakref.WeakSet()
         stack.callback(lambda: [compat.forget_persisted(qr) for qr in list(self._produced)])
 
@@ -143,7 +151,8 @@ class StreamingRunningEngine(RunningEngine):
         total = None if None in memory else sum(memory)
         if persisted is None:
             return Reading(total, per_rank=tuple(memory))
-        return Reading(total, sum(r[1] for r in per_rank), sum(r[2] for r in per_rank), tuple(memory))
+        sizes = tuple(r[2] or 0 for r in per_rank)
+        return Reading(total, sum(r[1] for r in per_rank), sum(sizes), tuple(memory), sizes)
 
     def set_rank_environment(self, env: Mapping[str, str | None]) -> None:
         if self.backend != "spmd":  # spmd's one rank is this process
@@ -154,14 +163,9 @@ class StreamingRunningEngine(RunningEngine):
             compat.run_on_ranks(self.engine, restore_environment_on_rank)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "gpus": compat.run_on_ranks(self.engine, compat.rank_device_name),
-            "ranks": self.engine.nranks,
-            "versions": rapids_versions(),
-            "note": f"cudf-polars {type(self.engine).__name__}, results stay in GPU memory",
-            **self.extra,
-        }
+        return {"backend": self.backend, "gpus": compat.run_on_ranks(self.engine, compat.rank_device_name),
+                "ranks": self.engine.nranks, "versions": rapids_versions(),
+                "note": f"cudf-polars {type(self.engine).__name__}, results stay in GPU memory", **self.extra}
 
 
 def limited_engine_kwargs(block: CudfPolarsEngine, limit: int | None) -> dict[str, Any]:
@@ -176,7 +180,4 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
     """Create an ``SPMDEngine`` from the block's options (call on the owner thread); its shutdown goes on ``stack``."""
     from cudf_polars.engine.spmd import SPMDEngine
 
-    silence_unstable_warning()
-    running = StreamingRunningEngine("spmd", stack)
-    running.memory_limit = limit
-    return running.enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)
+    return StreamingRunningEngine("spmd", stack, limit).enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
+from prefect_cudf_polars.blocks.errors import INSTALL
+
 if TYPE_CHECKING:
     from prefect_aws import AwsCredentials
 
@@ -120,18 +122,16 @@ class S3Access:
         from botocore import UNSIGNED
         from botocore.config import Config
 
-        config = Config(signature_version=UNSIGNED) if self.anonymous else None
         return boto3.session.Session().client(
-            "s3", region_name=self.region, endpoint_url=self.endpoint_url, verify=self.verify, config=config,
+            "s3", region_name=self.region, endpoint_url=self.endpoint_url, verify=self.verify,
+            config=Config(signature_version=UNSIGNED) if self.anonymous else None,
             aws_access_key_id=None if self.anonymous else _reveal(self.access_key_id),
             aws_secret_access_key=None if self.anonymous else _reveal(self.secret_access_key),
-            aws_session_token=_reveal(self.session_token),
-        )
+            aws_session_token=_reveal(self.session_token))
 
     def secrets(self) -> list[str]:
         """The secret strings (key id, secret key, session token) to keep out of messages."""
-        secrets = map(_reveal, (self.access_key_id, self.secret_access_key, self.session_token))
-        return [s for s in secrets if s]
+        return [s for s in map(_reveal, (self.access_key_id, self.secret_access_key, self.session_token)) if s]
 
     def describe(self) -> str:
         """Where requests go, for messages: the endpoint (or AWS) and region; no secrets."""
@@ -144,10 +144,8 @@ class S3Access:
     __str__ = __repr__
 
     def __reduce__(self) -> Any:
-        raise TypeError(
-            "S3Access holds secrets and is not pickled: pass the AwsCredentials block "
-            "(or its saved name) and resolve it where it is used."
-        )
+        raise TypeError("S3Access holds secrets and is not pickled: pass the AwsCredentials block (or its saved name) "
+                        "and resolve it where it is used.")
 
 
 def _reveal(value: SecretStr | None) -> str | None:
@@ -184,43 +182,32 @@ def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
     try:
         from prefect_aws import AwsCredentials
     except ImportError as exc:  # pragma: no cover - the s3 extra is missing
-        raise ImportError(
-            "Reading and writing S3 needs prefect-aws: pip install 'prefect-cudf-polars[s3]'."
-        ) from exc
+        raise ImportError(f"Reading and writing S3 needs prefect-aws: {INSTALL.format(extra='s3')}.") from exc
     if not isinstance(credentials, AwsCredentials):
-        raise TypeError(
-            f"credentials must be a prefect_aws.AwsCredentials block, not "
-            f"{type(credentials).__name__}; load one with AwsCredentials.load('name')."
-        )
+        raise TypeError(f"credentials must be a prefect_aws.AwsCredentials block, not {type(credentials).__name__}; "
+                        "load one with AwsCredentials.load('name').")
     params = credentials.aws_client_parameters
     endpoint = params.endpoint_url.rstrip("/") if params.endpoint_url else None
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise ValueError(
-            f"The AwsCredentials block's endpoint_url {endpoint!r} is not an http:// or "
-            "https:// URL; set aws_client_parameters.endpoint_url to the S3-compatible "
-            "server's URL, for example 'http://127.0.0.1:9000'."
-        )
+        raise ValueError(f"The AwsCredentials block's endpoint_url {endpoint!r} is not an http:// or https:// URL; set "
+                         "aws_client_parameters.endpoint_url to the S3-compatible server's URL, for example "
+                         "'http://127.0.0.1:9000'.")
     verify = params.verify is not False
     explicit = credentials.aws_access_key_id and credentials.aws_secret_access_key
     # assume_role_arn arrived in prefect-aws 0.7 (the floor in pyproject); read it defensively.
     if explicit and not getattr(credentials, "assume_role_arn", None):
-        assert credentials.aws_secret_access_key is not None
         token = SecretStr(credentials.aws_session_token) if credentials.aws_session_token else None
-        return S3Access(
-            access_key_id=SecretStr(credentials.aws_access_key_id or ""),
-            secret_access_key=credentials.aws_secret_access_key, session_token=token,
-            region=credentials.region_name or DEFAULT_REGION, endpoint_url=endpoint, verify=verify,
-        )
+        return S3Access(access_key_id=SecretStr(credentials.aws_access_key_id or ""),
+                        secret_access_key=credentials.aws_secret_access_key, session_token=token,
+                        region=credentials.region_name or DEFAULT_REGION, endpoint_url=endpoint, verify=verify)
     session = credentials.get_boto3_session()
     found = session.get_credentials()
     frozen = found.get_frozen_credentials() if found is not None else None
-    return S3Access(
-        access_key_id=SecretStr(frozen.access_key) if frozen else None,
-        secret_access_key=SecretStr(frozen.secret_key) if frozen else None,
-        session_token=SecretStr(frozen.token) if frozen and frozen.token else None,
-        region=credentials.region_name or session.region_name or DEFAULT_REGION,
-        endpoint_url=endpoint, verify=verify,
-    )
+    return S3Access(access_key_id=SecretStr(frozen.access_key) if frozen else None,
+                    secret_access_key=SecretStr(frozen.secret_key) if frozen else None,
+                    session_token=SecretStr(frozen.token) if frozen and frozen.token else None,
+                    region=credentials.region_name or session.region_name or DEFAULT_REGION,
+                    endpoint_url=endpoint, verify=verify)
 
 
 def scrub(text: str, access: S3Access | None) -> str:
@@ -238,8 +225,6 @@ def scrub(text: str, access: S3Access | None) -> str:
     -------
     str
     """
-    if access is None:
-        return text
-    for secret in access.secrets():
+    for secret in access.secrets() if access is not None else ():
         text = text.replace(secret, "***")
     return text

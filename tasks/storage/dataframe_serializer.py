@@ -33,6 +33,8 @@ from typing import Literal
 import polars as pl
 from prefect.serializers import Serializer
 
+from prefect_cudf_polars.blocks.errors import READ_WITH_ITS_SERIALIZER, wrong_type
+
 
 class PolarsDataFrameSerializer(Serializer):
     """
@@ -70,21 +72,13 @@ class PolarsDataFrameSerializer(Serializer):
             ``compression="snappy"`` with ``format="ipc"`` (IPC has no snappy).
         """
         if not isinstance(obj, pl.DataFrame):
-            hint = (
-                " Collect it first (the `collect` task)."
-                if isinstance(obj, pl.LazyFrame)
-                else " Use another result serializer (e.g. 'pickle') for this task."
-            )
-            raise TypeError(
-                f"PolarsDataFrameSerializer writes polars DataFrames only, not {type(obj).__name__}.{hint}"
-            )
+            then = ("collect it first (the `collect` task)" if isinstance(obj, pl.LazyFrame) else
+                    "use another result serializer (e.g. 'pickle') for this task")
+            raise TypeError(wrong_type("PolarsDataFrameSerializer", "polars DataFrames only", obj, then))
         if self.format != "parquet" and self.compression == "snappy":
             raise ValueError("Arrow IPC has no snappy compression; use 'zstd', 'lz4' or 'uncompressed'.")
         buffer = io.BytesIO()
-        if self.format == "parquet":
-            obj.write_parquet(buffer, compression=self.compression)
-        else:
-            obj.write_ipc(buffer, compression=self.compression)
+        (obj.write_parquet if self.format == "parquet" else obj.write_ipc)(buffer, compression=self.compression)
         return base64.b64encode(buffer.getvalue())
 
     def loads(self, blob: bytes) -> pl.DataFrame:
@@ -100,16 +94,10 @@ class PolarsDataFrameSerializer(Serializer):
         try:
             buffer = io.BytesIO(base64.b64decode(blob, validate=True))
         except (binascii.Error, ValueError) as exc:
-            raise ValueError(
-                "This result was not written by PolarsDataFrameSerializer (not base64). "
-                "Read it with the serializer named in its result record."
-            ) from exc
+            raise ValueError("This result was not written by PolarsDataFrameSerializer (it is not base64): "
+                             f"{READ_WITH_ITS_SERIALIZER}.") from exc
         try:
-            if self.format == "parquet":
-                return pl.read_parquet(buffer)
-            return pl.read_ipc(buffer, memory_map=False)
+            return pl.read_parquet(buffer) if self.format == "parquet" else pl.read_ipc(buffer, memory_map=False)
         except Exception as exc:
-            raise ValueError(
-                f"This result is not a {self.format} file; it was written by another "
-                "serializer or format. Read it with the serializer named in its result record."
-            ) from exc
+            raise ValueError(f"This result is not a {self.format} file (another serializer or format wrote it): "
+                             f"{READ_WITH_ITS_SERIALIZER}.") from exc

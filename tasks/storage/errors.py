@@ -21,9 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["S3AccessError", "explain_client_error", "explain_engine_error"]
 
 #: Server answers (S3 error codes and HTTP statuses) and what they mean for the user.
-_CREDENTIALS = frozenset(
-    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"}
-)
+_CREDENTIALS = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"})
 _DENIED = frozenset({"AccessDenied", "AllAccessDisabled"})
 _NO_BUCKET = frozenset({"NoSuchBucket"})
 _NO_KEY = frozenset({"NoSuchKey", "404"})
@@ -80,12 +78,9 @@ def _code_of(exc: BaseException) -> tuple[str, str]:
     """The S3 error code and HTTP status of a botocore error (or one wrapping it)."""
     seen: BaseException | None = exc
     while seen is not None:
-        response = getattr(seen, "response", None)
-        if response:
-            error = response.get("Error", {})
-            code = str(error.get("Code", ""))
-            status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-            return code, status
+        if response := getattr(seen, "response", None):
+            return (str(response.get("Error", {}).get("Code", "")),
+                    str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")))
         seen = seen.__cause__ or seen.__context__
     # boto3's S3UploadFailedError quotes the answer in its message only.
     match = _QUOTED_CODE.search(str(exc))
@@ -93,10 +88,8 @@ def _code_of(exc: BaseException) -> tuple[str, str]:
     return (code, code) if code.isdigit() else (code, "")
 
 
-def explain(
-    *, url: str, bucket: str, code: str, status: str, access: S3Access, doing: str, detail: str,
-    bucket_request: bool = False,
-) -> S3AccessError:
+def explain(*, url: str, bucket: str, code: str, status: str, access: S3Access, doing: str, detail: str,
+            bucket_request: bool = False) -> S3AccessError:
     """
     Build the error for a server answer.
 
@@ -129,15 +122,13 @@ def explain(
     else:
         reason = "failed"
     message = ("Could not {doing} {url}" + _MESSAGES[reason]).format(
-        doing=doing, url=url, bucket=bucket, where=access.describe(), code=code,
-        answer=code or "HTTP " + status, detail=scrub(detail, access) or code or status,
-    )
+        doing=doing, url=url, bucket=bucket, where=access.describe(), code=code, answer=code or "HTTP " + status,
+        detail=scrub(detail, access) or code or status)
     return S3AccessError(message, url=url, reason=reason)
 
 
-def explain_client_error(
-    exc: BaseException, *, url: str, bucket: str, access: S3Access, doing: str, bucket_request: bool = False
-) -> S3AccessError:
+def explain_client_error(exc: BaseException, *, url: str, bucket: str, access: S3Access, doing: str,
+                         bucket_request: bool = False) -> S3AccessError:
     """
     Translate a boto3/botocore error into an :class:`S3AccessError`.
 
@@ -149,16 +140,12 @@ def explain_client_error(
         As for :func:`explain`.
     """
     code, status = _code_of(exc)
-    detail = f"{type(exc).__name__}: {exc}"
-    return explain(
-        url=url, bucket=bucket, code=code, status=status, access=access, doing=doing, detail=detail,
-        bucket_request=bucket_request,
-    )
+    return explain(url=url, bucket=bucket, code=code, status=status, access=access, doing=doing,
+                   detail=f"{type(exc).__name__}: {exc}", bucket_request=bucket_request)
 
 
-def explain_engine_error(
-    exc: BaseException, *, url: str, bucket: str, access: S3Access, doing: str
-) -> S3AccessError | None:
+def explain_engine_error(exc: BaseException, *, url: str, bucket: str, access: S3Access,
+                         doing: str) -> S3AccessError | None:
     """
     Translate an engine error that quotes an S3 answer (polars' object store, KvikIO).
 

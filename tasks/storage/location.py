@@ -22,7 +22,8 @@ from typing import Any
 from prefect_cudf_polars.tasks.storage.credentials import S3Access
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
 
-_GLOB = re.compile(r"[*?\[]")
+#: A glob character in a key or path.
+GLOB = re.compile(r"[*?\[]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ class S3Location:
     @property
     def listing_prefix(self) -> str:
         """The key up to its first glob character (what to list to find matches)."""
-        match = _GLOB.search(self.key)
+        match = GLOB.search(self.key)
         return self.key[: match.start()] if match else self.key
 
     def folder_key(self, name: str) -> str:
@@ -78,9 +79,8 @@ def parse_s3_url(url: str) -> S3Location:
 
 
 @contextlib.contextmanager
-def client_errors(
-    location: S3Location, access: S3Access, *, doing: str, bucket_request: bool = False
-) -> Iterator[None]:
+def client_errors(location: S3Location, access: S3Access, *, doing: str,
+                  bucket_request: bool = False) -> Iterator[None]:
     """
     Raise what boto3 raises in the block as an :class:`S3AccessError` (:func:`explain_client_error`).
 
@@ -92,15 +92,11 @@ def client_errors(
     try:
         yield
     except Exception as exc:
-        raise explain_client_error(
-            exc, url=location.url, bucket=location.bucket, access=access, doing=doing,
-            bucket_request=bucket_request,
-        ) from None
+        raise explain_client_error(exc, url=location.url, bucket=location.bucket, access=access, doing=doing,
+                                   bucket_request=bucket_request) from None
 
 
-def check_bucket(
-    client: Any, location: S3Location, access: S3Access, *, doing: str, prefix: str = ""
-) -> dict:
+def check_bucket(client: Any, location: S3Location, access: S3Access, *, doing: str, prefix: str = "") -> dict:
     """
     Ask the server for the bucket by listing at most one key under ``prefix``.
 
@@ -143,12 +139,9 @@ def check_readable(location: S3Location, access: S3Access) -> None:
     prefix = location.listing_prefix
     listing = check_bucket(access.client(), location, access, doing="read parquet from", prefix=prefix)
     if not listing.get("KeyCount"):
-        raise S3AccessError(
-            f"Could not read parquet from {location.url}: no object in bucket "
-            f"{location.bucket!r} at {access.describe()} starts with "
-            f"{prefix!r}. Check the key or pattern, or write the data first.",
-            url=location.url, reason="not-found",
-        )
+        raise S3AccessError(f"Could not read parquet from {location.url}: no object in bucket {location.bucket!r} at "
+                            f"{access.describe()} starts with {prefix!r}. Check the key or pattern, or write the data "
+                            "first.", url=location.url, reason="not-found")
 
 
 def existing_keys(client: Any, location: S3Location, access: S3Access) -> list[str]:
@@ -160,12 +153,9 @@ def existing_keys(client: Any, location: S3Location, access: S3Access) -> list[s
     S3AccessError
         If listing fails.
     """
-    keys: list[str] = []
     with client_errors(location, access, doing="write parquet to"):
-        paginator = client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=location.bucket, Prefix=location.folder_key("")):
-            keys.extend(item["Key"] for item in page.get("Contents", []))
-    return keys
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=location.folder_key(""))
+        return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
 
 def delete_keys(client: Any, location: S3Location, keys: list[str]) -> None:

@@ -54,8 +54,6 @@ def persisted_collect(
         Call it like ``collect``; ``state.result()`` or
         ``ResultStore(result_storage=...).read(key)`` reads the DataFrame back.
     """
-    return collect.with_options(
-        persist_result=True, result_storage=result_storage,
-        result_serializer=PolarsDataFrameSerializer(format=format),
-        result_storage_key=key, cache_policy=None, **task_options,
-    )
+    return collect.with_options(persist_result=True, result_storage=result_storage, result_storage_key=key,
+                                result_serializer=PolarsDataFrameSerializer(format=format), cache_policy=None,
+                                **task_options)

@@ -57,9 +57,8 @@ def _sources(source: str | Sequence[str]) -> list[str]:
     return sources
 
 
-def scan_parquet(
-    source: str | Sequence[str], access: S3Access | None, *, backend: str, **scan_options: Any
-) -> pl.LazyFrame:
+def scan_parquet(source: str | Sequence[str], access: S3Access | None, *, backend: str,
+                 **scan_options: Any) -> pl.LazyFrame:
     """
     ``polars.scan_parquet`` with the options the given backend's reader needs.
 
@@ -85,19 +84,13 @@ def scan_parquet(
     sources = _sources(source)
     cloud: dict[str, Any] = {}
     if access is not None and any(is_s3_url(s) for s in sources):
-        if backend == "cpu":
-            storage_options = access.storage_options()
-        else:
-            storage_options = {"aws_region": access.region}
-            if access.endpoint_url:
-                storage_options["aws_endpoint_url"] = access.endpoint_url
-        cloud["storage_options"] = storage_options
+        public = {"aws_region": access.region, "aws_endpoint_url": access.endpoint_url}  # never a key
+        cloud["storage_options"] = (access.storage_options() if backend == "cpu" else
+                                    {k: v for k, v in public.items() if v})
     return pl.scan_parquet(sources if len(sources) > 1 else sources[0], **cloud, **scan_options)
 
 
-def run_reading_s3(
-    session: EngineSession, access: S3Access, fn: Any, *args: Any, url: str, **kwargs: Any
-) -> Any:
+def run_reading_s3(session: EngineSession, access: S3Access, fn: Any, *args: Any, url: str, **kwargs: Any) -> Any:
     """
     Run an engine call (``session.execute``/``collect``) that reads ``s3://`` objects.
 
@@ -111,14 +104,13 @@ def run_reading_s3(
         reader's error does not say why, the reason is the server's answer to
         a listing with the same credentials (:func:`is_remote_read_failure`).
     """
+    environment = {} if session.backend == "cpu" else {"environment": access.environment()}
     try:
-        if session.backend == "cpu":
-            return fn(*args, **kwargs)
-        return fn(*args, environment=access.environment(), **kwargs)
+        return fn(*args, **environment, **kwargs)
     except Exception as exc:
         location = parse_s3_url(url)
-        doing = "read parquet from"
-        translated = explain_engine_error(exc, url=url, bucket=location.bucket, access=access, doing=doing)
+        translated = explain_engine_error(exc, url=url, bucket=location.bucket, access=access,
+                                          doing="read parquet from")
         if translated is None and is_remote_read_failure(exc):
             translated = _ask_the_server(location, access, exc)
         if translated is None:
@@ -150,26 +142,17 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
     try:
         check_readable(location, access)
     except S3AccessError as answer:
-        return S3AccessError(
-            f"{answer} (The GPU reader, KvikIO, reported only: "
-            f"{scrub((str(exc).strip().splitlines() or [type(exc).__name__])[-1], access)})",
-            url=answer.url, reason=answer.reason,
-        )
+        return S3AccessError(f"{answer} (The GPU reader, KvikIO, reported only: "
+                             f"{scrub((str(exc).strip().splitlines() or [type(exc).__name__])[-1], access)})",
+                             url=answer.url, reason=answer.reason)
     return S3AccessError(
-        f"Could not read parquet from {location.url} on the GPU: the reader (libcudf "
-        f"through KvikIO) failed with {type(exc).__name__}: {scrub(str(exc), access)} "
-        f"although {access.describe()} lists the objects with the same credentials. Check "
-        "that AWS_* variables of this process do not override the block, and that the "
-        "objects are parquet files.",
-        url=location.url, reason="failed",
-    )
+        f"Could not read parquet from {location.url} on the GPU: the reader (libcudf through KvikIO) failed with "
+        f"{type(exc).__name__}: {scrub(str(exc), access)} although {access.describe()} lists the objects with the "
+        "same credentials. Check that AWS_* variables of this process do not override the block, and that the "
+        "objects are parquet files.", url=location.url, reason="failed")
 
 
-@task(
-    name="cudf-polars-read-parquet",
-    task_run_name=read_parquet_run_name,
-    **gpu_task_defaults(),
-)
+@task(name="cudf-polars-read-parquet", task_run_name=read_parquet_run_name, **gpu_task_defaults())
 def read_parquet(
     source: str | list[str], credentials: AwsCredentials | None = None, columns: list[str] | None = None,
     predicate: pl.Expr | None = None, name: str | None = None,
@@ -241,7 +224,6 @@ def read_parquet(
             lf = lf.select(columns)
         if predicate is not None:
             lf = lf.filter(predicate)
-        if not remote:
+        if access is None:  # local paths only
             return call.execute(lf, name=name)
-        assert access is not None
         return run_reading_s3(call.session, access, call.execute, lf, url=remote[0], name=name)

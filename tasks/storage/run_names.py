@@ -14,17 +14,16 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from prefect_cudf_polars.blocks import GPUResult
-from prefect_cudf_polars.tasks.run_names import distinct_run_name
+from prefect_cudf_polars.tasks.run_names import distinct_run_name, result_name
+from prefect_cudf_polars.tasks.storage.location import GLOB
 
-_GLOB = re.compile(r"[*?\[]")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 def _one_name(source: str) -> str:
     path = re.sub(r"^s3://", "", str(source)).rstrip("/")
     parts = PurePosixPath(path).parts
-    globbed = [i for i, part in enumerate(parts) if _GLOB.search(part)]
+    globbed = [i for i, part in enumerate(parts) if GLOB.search(part)]
     if globbed:  # trips/*.parquet, trips/2024-*/part.parquet: the folder above the pattern
         parts = parts[: globbed[0]]
     if not parts:
@@ -63,5 +62,4 @@ def read_parquet_run_name(parameters: dict[str, Any]) -> str:
 
 def sink_parquet_run_name(parameters: dict[str, Any]) -> str:
     """``sink_parquet``: ``"sink-parquet-<the result's name>"``."""
-    result = parameters.get("result")
-    return distinct_run_name(f"sink-parquet-{result.name if isinstance(result, GPUResult) else 'result'}")
+    return distinct_run_name(f"sink-parquet-{result_name(parameters.get('result')) or 'result'}")

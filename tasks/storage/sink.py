@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field
 
 from prefect_cudf_polars.blocks import GPUResult
+from prefect_cudf_polars.blocks.errors import NEW_TARGET, wrong_type
 from prefect_cudf_polars.tasks.calls import EngineCall
 from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
@@ -82,16 +83,12 @@ class ParquetSinkSummary(BaseModel):
 
 def _check_local_target(folder: Path, *, overwrite: bool) -> None:
     if folder.exists() and not folder.is_dir():
-        raise FileExistsError(
-            f"sink_parquet target {str(folder)!r} is a file, not a folder. Give a folder "
-            "path (the engine writes one parquet file per partition into it)."
-        )
+        raise FileExistsError(f"sink_parquet target {str(folder)!r} is a file, not a folder. Give a folder path (the "
+                              "engine writes one parquet file per partition into it).")
     if folder.is_dir() and any(folder.iterdir()):
         if not overwrite:
-            raise FileExistsError(
-                f"sink_parquet target {str(folder)!r} is not empty. Give a new or empty "
-                "folder, or pass overwrite=True to delete what is in it first."
-            )
+            raise FileExistsError(f"sink_parquet target {str(folder)!r} is not empty: "
+                                  f"{NEW_TARGET.format(what='or empty folder')}.")
         shutil.rmtree(folder)
 
 
@@ -100,26 +97,19 @@ def _check_s3_target(location: S3Location, access: S3Access, *, overwrite: bool)
     check_bucket(client, location, access, doing="write parquet to")
     keys = existing_keys(client, location, access)
     if keys and not overwrite:
-        raise S3AccessError(
-            f"Could not write parquet to {location.url}: the prefix already holds "
-            f"{len(keys)} object(s) (e.g. {keys[0]!r}). Give a new prefix, or pass "
-            "overwrite=True to delete them first.",
-            url=location.url, reason="exists",
-        )
+        raise S3AccessError(f"Could not write parquet to {location.url}: the prefix already holds {len(keys)} "
+                            f"object(s) (e.g. {keys[0]!r}); {NEW_TARGET.format(what='prefix')}.", url=location.url,
+                            reason="exists")
     with client_errors(location, access, doing="write parquet to"):
         delete_keys(client, location, keys)
     return client
 
 
 def _written_files(folder: Path) -> list[Path]:
-    if folder.is_file():
-        return [folder]
-    return sorted(p for p in folder.rglob("*.parquet") if p.is_file())
+    return [folder] if folder.is_file() else sorted(p for p in folder.rglob("*.parquet") if p.is_file())
 
 
-def _upload(
-    files: list[Path], folder: Path, location: S3Location, access: S3Access, client: Any
-) -> list[str]:
+def _upload(files: list[Path], folder: Path, location: S3Location, access: S3Access, client: Any) -> list[str]:
     keys: list[str] = []
     for path in files:
         key = location.folder_key(path.relative_to(folder).as_posix())
@@ -133,20 +123,15 @@ def _upload(
             except Exception:
                 cleaned = "left in place (deleting them failed too)"
             raise S3AccessError(
-                f"{error} The engine had written all {len(files)} part file(s); the {len(keys)} "
-                f"uploaded were {cleaned}, and every part is kept in {str(folder)!r} for you to "
-                "upload or inspect.",
-                url=location.url, reason=error.reason,
-            ) from None
+                f"{error} The engine had written all {len(files)} part file(s); the {len(keys)} uploaded were "
+                f"{cleaned}, and every part is kept in {str(folder)!r} for you to upload or inspect.",
+                url=location.url, reason=error.reason) from None
         keys.append(key)
     return [f"s3://{location.bucket}/{k}" for k in keys]
 
 
-@task(
-    name="cudf-polars-sink-parquet",
-    task_run_name=sink_parquet_run_name,
-    **gpu_task_defaults(returns_gpu_result=False),
-)
+@task(name="cudf-polars-sink-parquet", task_run_name=sink_parquet_run_name,
+      **gpu_task_defaults(returns_gpu_result=False))
 def sink_parquet(
     result: GPUResult, target: str, credentials: AwsCredentials | None = None, overwrite: bool = False,
     compression: str = "zstd", staging_dir: str | None = None,
@@ -208,7 +193,7 @@ def sink_parquet(
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}.")
     if not isinstance(result, GPUResult):
-        raise TypeError(f"sink_parquet takes a GPUResult, not {type(result).__name__}; write host data with polars.")
+        raise TypeError(wrong_type("sink_parquet", "a GPUResult", result, "write host data with polars"))
     remote = is_s3_url(target)
     location = access = client = None
     with EngineCall(result) as call:  # the result is checked first: overwrite deletes only for a readable one
@@ -230,9 +215,8 @@ def sink_parquet(
         if on_cpu:
             folder.mkdir(parents=True, exist_ok=True)
         try:
-            call.collect(result.lazy().sink_parquet(
-                str(sink_path), compression=compression, mkdir=True, lazy=True  # type: ignore[arg-type]
-            ))
+            call.collect(result.lazy().sink_parquet(str(sink_path), compression=compression,  # type: ignore[arg-type]
+                                                    mkdir=True, lazy=True))
         except BaseException:
             # Partial parts are of no use; the folder was empty or new: a retry finds it so again.
             shutil.rmtree(folder, ignore_errors=True)
@@ -247,11 +231,8 @@ def sink_parquet(
         shutil.rmtree(folder, ignore_errors=True)
     else:
         written = [str(f) for f in files]
-    summary = ParquetSinkSummary(
-        target=target if remote else str(folder), files=written, rows=rows, bytes=size,
-        backend=session.backend or "unknown",
-    )
-    record_written(asset, {
-        "rows": rows, "bytes": size, "schema": schema, "backend": summary.backend, "files": len(written)
-    })
+    summary = ParquetSinkSummary(target=target if remote else str(folder), files=written, rows=rows, bytes=size,
+                                 backend=session.backend or "unknown")
+    record_written(asset, {"rows": rows, "bytes": size, "schema": schema, "backend": summary.backend,
+                           "files": len(written)})
     return summary

@@ -93,6 +93,43 @@ class Lines(logging.Handler):
         return sum(text in m for m in list(self.messages))
 
 
+class ErrorLines(logging.Handler):
+    """The records at ERROR or above that reach this process's console: through the root logger, and through
+    Prefect's internal loggers (``prefect._internal``, which do not propagate to it)."""
+
+    LOGGERS = ("", "prefect._internal")
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"{record.name}: {record.getMessage()}")
+
+
+@pytest.fixture()
+def console_errors():
+    handler = ErrorLines()
+    loggers = [logging.getLogger(name) for name in ErrorLines.LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+    yield handler
+    for logger in loggers:
+        logger.removeHandler(handler)
+
+
+#: Seconds of one request for the slots in the tests of a wait longer than one request (the
+#: product's ``REQUEST_SLICE_S`` is 10 s): the session's requests work the same at any length.
+SLICE_S = 3.0
+
+
+@pytest.fixture()
+def request_slice(monkeypatch) -> float:
+    """The sessions of this process ask for their slots in requests of :data:`SLICE_S` seconds."""
+    monkeypatch.setattr("prefect_cudf_polars.blocks.admission.REQUEST_SLICE_S", SLICE_S)
+    return SLICE_S
+
+
 @pytest.fixture()
 def lines():
     handler = Lines()
@@ -108,6 +145,26 @@ def test_a_limit_occupies_its_bytes_in_whole_gib_rounded_up():
     assert slots_for(4 * GIB) == 4
     assert slots_for(4 * GIB + 1) == 5
     assert slots_for(1) == 1
+
+
+def test_an_engine_on_two_gpus_occupies_its_limit_on_each():
+    name = new_limit(10)
+    with admitted(four_gib_block(name), 4 * GIB, lambda *a: None, gpus=2) as admission:
+        assert admission.slots == 8 and active_slots(name) == 8
+    assert active_slots(name) == 0
+
+
+def test_slots_taken_are_given_back_when_anything_after_taking_them_fails():
+    """The admission holds its slots by ``with`` from the moment Prefect gives them: a failing line after it frees them."""
+    name = new_limit(10)
+
+    def log(level, msg, *args):
+        if msg.startswith("Admitted after"):
+            raise OSError("the flow run's log is gone")
+
+    with pytest.raises(OSError, match="log is gone") as failed, admitted(four_gib_block(name), 4 * GIB, log):
+        pass
+    assert active_slots(name) == 0, failed.value  # given back, not left to whatever still holds the error
 
 
 def test_without_an_admission_limit_nothing_is_occupied_or_logged():
@@ -274,7 +331,7 @@ def test_an_unreachable_prefect_api_is_an_admission_error_that_says_what_to_chec
     block = four_gib_block("gpu-memory")
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing listens on port 9
         with pytest.raises(AdmissionError, match=r"Could not ask the Prefect API for 4 slot\(s\) of the global "
-                           r"concurrency limit 'gpu-memory'.*ConnectError.*Check that PREFECT_API_URL names a "
+                           r"concurrency limit 'gpu-memory'.*ConnectError.*check that PREFECT_API_URL names a "
                            r"running Prefect server.*run the flow again"):
             with admitted(block, 4 * GIB, lambda *a: None):
                 pass
@@ -314,20 +371,68 @@ def test_a_session_that_waits_past_its_admission_timeout_fails_and_its_log_says_
     assert not owner_threads()
 
 
-def test_a_session_whose_caller_stops_waiting_for_slots_stops_asking_and_holds_nothing(orders, caplog):
+def test_an_ordinary_wait_for_slots_logs_no_error_in_the_flow_runs_log_or_on_the_console(orders, lines,
+                                                                                        console_errors,
+                                                                                        request_slice):
+    """A flow run (its engine started by a GPU task) waits longer than one request for its slots, then is admitted."""
+    import time
+
     from prefect.concurrency.sync import concurrency
+
+    from api_reads import log_records
 
     name = new_limit(6)
 
     @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)))
+    def pipeline() -> int:
+        return execute(pl.scan_parquet(orders)).lazy().collect().height
+
+    with concurrency(name, occupy=4, strict=True):  # another holder takes 4 of the 6 slots
+        threads, results = in_threads(lambda i: pipeline(return_state=True), 1, "waiting-run")
+        wait_until(lambda: lines.count(f"of global concurrency limit {name!r}, for at most") == 1, 120,
+                   "the flow run waiting for its slots")
+        time.sleep(request_slice + 1)  # its first request for the slots times out meanwhile
+    threads[0].join(120)
+    state = results[0]
+    assert state.is_completed(), state
+    records = log_records(state.state_details.flow_run_id, expect="engine session ended")  # its last line
+    [admitted_line] = [r.message for r in records if r.message.startswith("Admitted after")]
+    assert float(admitted_line.split()[2]) > request_slice, admitted_line  # so a request did time out
+    assert not [r.message for r in records if r.level >= logging.ERROR], [(r.level, r.message) for r in records]
+    assert console_errors.messages == []
+    assert active_slots(name) == 0
+
+
+def test_a_failed_request_for_slots_other_than_a_timeout_is_still_logged_as_an_error(console_errors):
+    """What is kept off the console is a timed-out request only: a request the API did not answer still shows."""
+    from prefect.concurrency.sync import concurrency
+    from prefect.settings import temporary_settings
+
+    name = f"gpu-memory-{uuid.uuid4().hex[:12]}"  # a limit of its own: Prefect's request service for it is new
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):  # nothing listens on port 9
+        with pytest.raises(Exception, match="Unable to acquire concurrency slots"):
+            with concurrency(name, occupy=1, timeout_seconds=REQUEST_SLICE_S, strict=True):
+                pass
+    # Prefect's service logs it after handing the caller its error.
+    wait_until(lambda: [m for m in console_errors.messages
+                        if "ConcurrencySlotAcquisitionWithLeaseService' failed to process item" in m], 30,
+               "the request's ERROR on the console")
+
+
+def test_a_session_whose_caller_stops_waiting_for_slots_stops_asking_and_holds_nothing(orders, caplog, request_slice):
+    from prefect.concurrency.sync import concurrency
+
+    name = new_limit(6)
+
+    @flow(task_runner=CudfPolarsTaskRunner(four_gib_block(name)), timeout_seconds=2)  # it times out waiting
     def pipeline() -> None:
-        execute.with_options(timeout_seconds=2)(pl.scan_parquet(orders))  # its wait for the slots times out
+        execute(pl.scan_parquet(orders))
 
     with concurrency(name, occupy=4, strict=True):  # another holder takes 4 of the 6 slots
         state = pipeline(return_state=True)
         assert state.is_failed()
         # The owner thread stops asking within one request, long before admission_timeout (3600 s).
-        wait_until(lambda: not owner_threads(), REQUEST_SLICE_S + 30, "the abandoned session's wait to end")
+        wait_until(lambda: not owner_threads(), request_slice + 30, "the abandoned session's wait to end")
         assert active_slots(name) == 4  # the holder's only
     assert active_slots(name) == 0
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cudf-polars engine not started")]
@@ -336,8 +441,12 @@ def test_a_session_whose_caller_stops_waiting_for_slots_stops_asking_and_holds_n
 
 @pytest.mark.timeout(300)
 def test_a_flow_run_cancelled_while_it_waits_for_slots_ends_and_holds_nothing(tmp_path, orders):
+    import time
+
     from prefect.concurrency.sync import concurrency
     from prefect.deployments import run_deployment
+
+    from api_reads import log_records
 
     name = new_limit(6)
     pool = f"admission-wait-{tmp_path.name}"[:50]
@@ -346,8 +455,8 @@ def test_a_flow_run_cancelled_while_it_waits_for_slots_ends_and_holds_nothing(tm
     with concurrency(name, occupy=4, strict=True):  # another holder takes 4 of the 6 slots
         with process_worker_deployment(
             pool, flow_name="admitted-hold", entrypoint="admitted_flow.py:admitted_hold", folder=SCRIPTS,
-            parameters={"evidence": str(tmp_path), "path": str(orders), "limit": name}, env=env,
-            log=tmp_path / "worker.log",
+            parameters={"evidence": str(tmp_path), "path": str(orders), "limit": name, "request_slice_s": SLICE_S},
+            env=env, log=tmp_path / "worker.log",
         ) as worker:
             flow_run = run_deployment(f"admitted-hold/{pool}", timeout=0)
             wait_until(lambda: started_file.exists() or worker.poll() is not None, 240, "the flow run to start")
@@ -355,10 +464,16 @@ def test_a_flow_run_cancelled_while_it_waits_for_slots_ends_and_holds_nothing(tm
             pid = json.loads(started_file.read_text())["pid"]
             logged = read_run_logs(flow_run.id, expect="Waiting for admission", timeout=60)
             assert [m for m in logged if m.startswith("Waiting for admission: 4 slot(s)")], logged
+            time.sleep(SLICE_S + 1)  # an ordinary wait: its first request for the slots times out
             state, _ = cancel_and_wait(flow_run.id, pid=pid)
             assert state.is_cancelled(), state
             wait_until(lambda: not pid_alive(pid), 60, "the waiting flow process to exit")
         assert not (tmp_path / "ready.json").exists()  # its engine never started
+        # Nothing at ERROR: in the flow run's log, nor on the flow process's console (the worker's output).
+        records = log_records(flow_run.id, expect="Flow run was cancelled")
+        assert not [r.message for r in records if r.level >= logging.ERROR], [(r.level, r.message) for r in records]
+        console = (tmp_path / "worker.log").read_text()
+        assert "| ERROR" not in console, console[-4000:]
         assert active_slots(name) == 4  # the holder's only
     assert active_slots(name) == 0
 

@@ -30,6 +30,13 @@ def _local_cluster(_block):
     return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
 
 
+@pytest.fixture(scope="module")
+def external():
+    """An external cluster (a scheduler and 2 process workers) for the module: each test leaves it as it was."""
+    with _local_cluster(None) as cluster:
+        yield cluster
+
+
 def test_owned_cluster_is_closed_with_no_orphaned_processes():
     before = child_pids()
     connection = connect(CudfPolarsEngine(backend="dask"), start_cluster=_local_cluster)
@@ -43,31 +50,30 @@ def test_owned_cluster_is_closed_with_no_orphaned_processes():
     assert left == set(), [" ".join(psutil.Process(p).cmdline()) for p in left]
 
 
-def test_external_cluster_is_left_running():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as external:
-        block = CudfPolarsEngine(backend="dask", dask_scheduler_address=external.scheduler_address)
-        with pytest.raises(DaskClusterError, match="see no GPU"):
-            connect(block)  # CPU workers: refused, and the cluster is untouched
-        with Client(external.scheduler_address, timeout=10) as probe:
-            assert len(probe.scheduler_info()["workers"]) == 1
-            assert probe.submit(sum, [1, 2]).result(timeout=30) == 3
+def test_external_cluster_is_left_running(external):
+    block = CudfPolarsEngine(backend="dask", dask_scheduler_address=external.scheduler_address)
+    with pytest.raises(DaskClusterError, match="see no GPU"):
+        connect(block)  # CPU workers: refused, and the cluster is untouched
+    with Client(external.scheduler_address, timeout=10) as probe:
+        assert len(probe.scheduler_info()["workers"]) == 2
+        assert probe.submit(sum, [1, 2]).result(timeout=30) == 3
 
 
-def test_connection_to_external_cluster_closes_only_its_client(monkeypatch):
+def test_connection_to_external_cluster_closes_only_its_client(external, monkeypatch):
     # Pretend the external CPU workers had GPUs of their own, to get past the check.
     import prefect_cudf_polars.blocks.backends.dask.cluster as dc
 
     monkeypatch.setattr(dc, "check_gpu_workers", lambda reports, address: len(reports))
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as external:
-        connection = connect(
-            CudfPolarsEngine(backend="dask", dask_scheduler_address=external.scheduler_address)
-        )
-        assert not connection.owned
-        assert connection.dashboard_link
-        connection.close()
-        assert connection.client.status == "closed"
-        with Client(external.scheduler_address, timeout=10) as probe:
-            assert len(probe.scheduler_info()["workers"]) == 2
+    connection = connect(
+        CudfPolarsEngine(backend="dask", dask_scheduler_address=external.scheduler_address)
+    )
+    assert not connection.owned
+    assert connection.dashboard_link
+    connection.close()
+    assert connection.client.status == "closed"
+    with Client(external.scheduler_address, timeout=10) as probe:
+        assert len(probe.scheduler_info()["workers"]) == 2
+        assert probe.submit(sum, [1, 2]).result(timeout=30) == 3
 
 
 def test_unanswering_scheduler_times_out_with_guidance():
@@ -94,8 +100,8 @@ def test_worker_checks_name_the_fix():
     ) == 2
 
 
-def test_worker_report_runs_on_real_workers():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        with Client(cluster) as client:
-            (report,) = client.run(worker_gpu_report).values()
-    assert set(report) == {"cvd", "gpus", "problem"}
+def test_worker_report_runs_on_real_workers(external):
+    with Client(external.scheduler_address, timeout=10) as client:
+        reports = list(client.run(worker_gpu_report).values())
+    assert len(reports) == 2
+    assert all(set(report) == {"cvd", "gpus", "problem"} for report in reports)

@@ -59,12 +59,12 @@ def test_session_summary_is_a_keyed_artifact_of_the_flow_run(orders, opened_by):
     assert "| results released unconsumed | 1 |" in text
     assert "| GPUs | none (cpu backend) |" in text
     assert "| Dask dashboard | none (no Dask cluster) |" in text
-    for row in ("peak memory", "engine start", "engine shutdown", "memory held at the end"):
+    for row in ("peak memory", "engine start", "engine shutdown", "memory at the end", "held then by unread results"):
         assert f"| {row} |" in text
     # Every result with its facts, and what became of it.
     assert "#### Results (3)" in text
     assert "| `orders` |" in text and "| `customer-totals` |" in text
-    assert "| `left-over` |" in text and "| released unread | 10 |" in text
+    assert "| `left-over` | left-over | released unread | 10 | 240 |" in text
     # A second flow run adds a version under the same key.
     assert pipeline(return_state=True).is_completed()
     assert len(artifacts_of(key=key)) == 2
@@ -106,6 +106,23 @@ def test_with_every_result_read_the_sessions_end_has_no_unread_warning(orders):
     messages = [r.message for r in log_records(state.state_details.flow_run_id, expect="engine session ended")]
     assert any("released unconsumed 0" in m for m in messages)
     assert not any("no task read" in m for m in messages)
+
+
+def test_the_end_line_says_memory_at_the_end_is_what_the_unread_results_hold_until_the_shutdown(orders):
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu")))
+    def pipeline():
+        return _three_results(orders)
+
+    state = pipeline(return_state=True)
+    assert state.is_completed(), state
+    [line] = [r.message for r in log_records(state.state_details.flow_run_id, expect="engine session ended")
+              if "engine session ended" in r.message]
+    # 'left-over' (10 rows, 240 bytes) was not read: the engine's shutdown frees it after the reading.
+    assert ("; host store at start 0, peak 24000, at the end 240 (bytes; read before the engine's shutdown, which "
+            "frees the 240 held by 1 unread result(s)); engine start ") in line, line
+    [stopped] = [e for e in events_of(state.state_details.flow_run_id, expect={ev.ENGINE_STOPPED: 1})
+                 if e.event == ev.ENGINE_STOPPED]
+    assert stopped.payload["memory"] == {"at_start": 0, "at_end": 240} and stopped.payload["unread_held_at_end"] == 240
 
 
 def test_lifecycle_events_name_the_flow_run_and_task_runs(orders):

@@ -8,7 +8,7 @@ from collections import namedtuple
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
-from prefect_cudf_polars.blocks.results import replace_results, results_in
+from prefect_cudf_polars.blocks.arguments import replace_results, results_in
 
 Pair = namedtuple("Pair", "left right")
 

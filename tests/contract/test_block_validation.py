@@ -86,7 +86,7 @@ def test_the_fixed_executor_option_names_are_cudf_polars_own():
     import dataclasses
 
     from cudf_polars_import import cudf_polars_or_skip
-    from prefect_cudf_polars.blocks.engine_block import STREAMING_EXECUTOR_FIELDS
+    from prefect_cudf_polars.blocks.engine_options import STREAMING_EXECUTOR_FIELDS
 
     cudf_polars_or_skip()
     from cudf_polars.utils.config import StreamingExecutor
@@ -97,7 +97,7 @@ def test_the_fixed_executor_option_names_are_cudf_polars_own():
 def test_without_cudf_polars_executor_options_are_checked_against_the_26_10_names(monkeypatch):
     import sys
 
-    from prefect_cudf_polars.blocks import engine_block as executor_options
+    from prefect_cudf_polars.blocks import engine_options as executor_options
 
     monkeypatch.setitem(sys.modules, "cudf_polars", None)  # import cudf_polars raises ImportError
     executor_options.streaming_executor_fields.cache_clear()

@@ -21,7 +21,7 @@ from prefect import flow
 from api_reads import events_of
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
-from prefect_cudf_polars.blocks.memory import held_budget
+from prefect_cudf_polars.blocks.memory import held_budget, over_budget
 from prefect_cudf_polars.tasks import (
     DeviceMemoryError, GPUResult, HostPersistenceError, ResultConsumedError, collect, execute, gpu_task, tee)
 
@@ -209,3 +209,47 @@ def test_a_frame_a_query_already_read_is_refused_again_whether_the_result_moved_
 
     assert pipeline()["results"] >= 1
     assert held_partitions() == 0
+
+
+def big_table(i: int) -> pl.LazyFrame:
+    """Two 8-byte columns of 500,000 rows: 8,000,000 bytes."""
+    return pl.LazyFrame({"k": range(5 * ROWS), "v": [float(i)] * (5 * ROWS)})
+
+
+@pytest.mark.parametrize("spill", ["host", "off"])
+def test_a_subflow_on_its_parents_block_keeps_the_parents_held_results_in_the_same_ledger(spill):
+    """One engine host, one ledger: the parent's unread result is moved for the subflow's calls, or named."""
+    parent_block = CudfPolarsEngine(backend="cpu", device_memory_limit=20_000_000, spill_results=spill)
+
+    @flow(flow_run_name="child", task_runner=CudfPolarsTaskRunner(parent_block.model_copy()))
+    def child() -> tuple:
+        made = [execute(big_table(i), name=f"child-{i}") for i in (1, 2)]
+        return collect(total(*made)).row(0), get_engine_session().summary()["held"]
+
+    @flow(flow_run_name="parent", task_runner=CudfPolarsTaskRunner(parent_block))
+    def parent() -> tuple:
+        kept = execute(big_table(0), name="parent-table")
+        state = child(return_state=True)
+        return state, collect(kept), get_engine_session().summary()["held"]
+
+    state, kept, held = parent()
+    assert_frame_equal(kept, big_table(0).collect())
+    if spill == "host":
+        sums, child_held = state.result()
+        assert sums == (3.0 * 5 * ROWS, 10 * ROWS)
+        assert held["spills"]["results"] >= 1 and held["spills"]["back"] >= 1  # the parent's result moved, and back
+        assert child_held["spills"]["results"] >= 1 and child_held["limit"] == held["limit"] == 20_000_000
+    else:
+        with pytest.raises(DeviceMemoryError, match=r"(?s)hold 16,000,000 bytes.*'parent-table' \(8,000,000 bytes, "
+                           r"from task run 'parent-table'.*'child-1'"):
+            state.result()
+        assert held["spills"]["results"] == 0
+    assert held_partitions() == 0
+
+
+def test_each_rank_keeps_its_own_budget_so_a_skewed_rank_is_over_where_the_sum_fits():
+    # Two ranks of 10,000 bytes each: a 9,000-byte partition on rank 0 leaves 1,000 bytes held there,
+    # though the 9,500 bytes held over both ranks would fit twice the budget.
+    assert over_budget(10_000, [9_000, 500], [1_000, 500]) == [(0, 9_000, 8_000)]
+    assert over_budget(10_000, [8_000, 8_000], [1_000, 1_000]) == []
+    assert over_budget(10_000, [7_500, 100], [3_000, 100]) == [(0, 7_500, 7_000)]

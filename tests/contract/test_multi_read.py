@@ -115,7 +115,7 @@ def test_a_second_query_reading_the_same_result_still_needs_tee(cpu_block, order
         r = execute(pl.scan_parquet(orders), name="orders")
         first = collect(r.lazy().join(r.lazy(), on="id")).height
         said = (r"already read by a query that ran in this same {run} .*which may read it several times.*"
-                r"To read it in two queries, split it before this step: `a, b = tee\(result, 2\)`")
+                r"To read it in two queries, split it first with `tee\(result, 2\)`")
         with pytest.raises(ResultConsumedError, match=said.format(run="flow run")):
             r.lazy()  # for a second query
         with pytest.raises(ResultConsumedError, match=said.format(run="task run 'two-queries'")):

@@ -399,9 +399,8 @@ def test_tee_of_a_deferred_result_gives_deferred_copies_that_each_run_the_plan(o
 def summary_rows(flow_run_id, flow_name: str) -> dict[str, list[str]]:
     """The rows of the flow run's session summary "Results" table, by result name (its cells)."""
     [summary] = artifacts_of(flow_run_id=flow_run_id, key=ev.summary_key(flow_name))
-    table = summary.data[summary.data.index("#### Results"):]
-    lines = [line for line in table.splitlines()[4:] if line.startswith("|")]
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    table = summary.data[summary.data.index("#### Results"):].split("\n\n")[1]  # its table, up to the next blank line
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     return {row[0].strip("`"): row[1:] for row in cells}
 
 

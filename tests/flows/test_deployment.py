@@ -59,12 +59,15 @@ def expected_rows(paths: dict[str, str], *, top: int) -> dict[str, int]:
     }
 
 
-def summary_results(markdown: str) -> dict[str, list[str]]:
-    """The session summary's "Results" table: each result's cells after its name, by name."""
-    table = markdown[markdown.index("#### Results"):]
-    lines = [line for line in table.splitlines()[4:] if line.startswith("|")]
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    return {row[0].strip("`"): row[1:] for row in cells}
+def summary_results(markdown: str) -> dict[str, dict[str, str]]:
+    """The session summary's two results tables: each result's cells by column, by its name."""
+    rows: dict[str, dict[str, str]] = {}
+    for heading in ("#### Results", "#### Each result's task run and engine call"):
+        lines = markdown[markdown.index(heading):].split("\n\n")[1].splitlines()
+        head, *cells = ([c.strip() for c in line.strip("|").split("|")] for line in lines)
+        for row in cells[1:]:  # past the |---| line
+            rows.setdefault(row[0].strip("`"), {}).update(zip(head, row, strict=True))
+    return rows
 
 
 @pytest.mark.timeout(900)
@@ -130,10 +133,10 @@ def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_serve
     runs = task_runs_of(flow_run.id, final=True)
     assert set(listed) == set(rows)
     for name, height in rows.items():
-        produced_by, state, listed_rows, listed_bytes, partitions = listed[name][:5]
-        assert produced_by == f"task run '{name}' (id {runs[name].id})"
-        assert (state, listed_rows, partitions) == ("consumed", str(height), "1"), listed[name]
-        assert int(listed_bytes.split(" bytes")[0].replace(",", "")) > 0
+        row = listed[name]
+        assert (row["produced by task run"], row["task run id"]) == (name, str(runs[name].id))
+        assert (row["at the end"], row["rows"], row["partitions"]) == ("consumed", str(height), "1"), row
+        assert int(row["bytes"].replace(",", "")) > 0
         # The main job's block writes no per-result artifact on the task runs.
         assert artifacts_of(task_run_id=runs[name].id) == []
     found = events_of(flow_run.id, expect={"prefect_cudf_polars.engine.stopped": 1,
@@ -147,7 +150,7 @@ def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_serve
     for name, height in rows.items():
         payload = created[name]
         assert payload["backend"] == "cpu" and payload["rows"] == height
-        assert payload["bytes"] == int(listed[name][3].split(" bytes")[0].replace(",", ""))
+        assert payload["bytes"] == int(listed[name]["bytes"].replace(",", ""))
         assert payload["plan"].strip() and payload["schema"]
     assert "JOIN" in created["enrich-flights"]["plan"] and "AGGREGATE" in created["carrier-month-delays"]["plan"]
     assert list(created["worst-routes"]["schema"]) == report.columns
@@ -157,12 +160,22 @@ def test_readme_deploy_schedule_and_worker_run_end_to_end(deployed_run, on_serve
             assert client.read_flow_run(run.id).state_type.value == "SCHEDULED"
 
 
+#: Each table of the session summary whose cells run past its box, as ``[box width, table width]`` (Prefect's
+#: V1 UI does not wrap table cells and scrolls a table inside its box; the V2 UI wraps them).
+OVERFLOWING_TABLES = """() => [...document.querySelectorAll('table')].map(table => {
+    const box = table.closest('.p-table') || table.parentElement;
+    return [box.clientWidth, Math.round(table.getBoundingClientRect().width), box.getBoundingClientRect().right];
+}).filter(([box, width, right]) => width > box + 1 || right > window.innerWidth)"""
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM} (.ci/run installs it)")
-def test_ui_shows_the_session_summary_of_the_main_job_run(deployed_run, server, tmp_path):
+def test_ui_shows_the_session_summary_and_each_gpu_task_runs_result_on_a_1280_px_page(deployed_run, on_server, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    url = f"{server['ui']}/runs/flow-run/{deployed_run['flow_run_id']}"
+    server, flow_run_id = on_server, deployed_run["flow_run_id"]
+    runs = task_runs_of(flow_run_id, final=True)
+    [summary] = artifacts_of(flow_run_id=flow_run_id, key="flight-delay-report-cudf-polars-session")
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
@@ -170,8 +183,8 @@ def test_ui_shows_the_session_summary_of_the_main_job_run(deployed_run, server, 
                   "--disable-component-update", "--disable-sync", "--no-first-run"],
         )
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(f"{server['ui']}/runs/flow-run/{flow_run_id}")
             page.get_by_text("Artifacts", exact=True).first.click(timeout=60_000)
             # The flow run's Artifacts tab lists the summary with its key figures ...
             card = page.get_by_text("flight-delay-report-cudf-polars-session").first
@@ -185,18 +198,30 @@ def test_ui_shows_the_session_summary_of_the_main_job_run(deployed_run, server, 
                                  ("backend", "cpu"), ("Dask dashboard", "none (no Dask cluster)")]:
                 row = page.get_by_role("row").filter(has=page.get_by_text(label, exact=True))
                 expect(row.first).to_contain_text(value)
-            # ... and its Results table: each GPU result, the task run that produced it, its state.
+            # ... and its results tables: each GPU result, its state, the task run that produced it and its id.
             expect(page.get_by_text("Results (4)")).to_be_visible()
             for name in ("enrich-flights", "route-month-delays", "worst-routes", "carrier-month-delays"):
-                row = page.get_by_role("row").filter(has=page.get_by_text(name, exact=True))
-                expect(row.first).to_contain_text(f"task run '{name}'")
-                expect(row.first).to_contain_text("consumed")
+                made, call = page.get_by_role("row").filter(has=page.get_by_text(name, exact=True)).all()
+                expect(made).to_contain_text("consumed")
+                expect(call).to_contain_text(str(runs[name].id))
+            page.get_by_text("Results (4)").scroll_into_view_if_needed()
             shot = tmp_path / "session-summary.png"
             page.screenshot(path=shot, full_page=True)
+            # Every table fits a 1,280 px page, in the V1 UI and the V2 UI.
+            assert page.locator("table").count() == 3
+            assert page.evaluate(OVERFLOWING_TABLES) == []
+            page.goto(f"{server['ui']}/v2/artifacts/artifact/{summary.id}")
+            expect(page.get_by_text("Results (4)")).to_be_visible(timeout=60_000)
+            assert page.locator("table").count() == 3 and page.evaluate(OVERFLOWING_TABLES) == []
+            # A GPU task run's page says what it made on the engine.
+            page.goto(f"{server['ui']}/runs/task-run/{runs['worst-routes'].id}")
+            expect(page.get_by_text("cudf-polars result 'worst-routes': 20 rows, ")).to_be_visible(timeout=60_000)
+            page.screenshot(path=tmp_path / "task-run.png", full_page=True)
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
     keep = os.environ.get("PREFECT_CUDF_POLARS_SCREENSHOTS")
     if keep:  # for looking at them after the run
         shutil.copy(shot, Path(keep) / shot.name)
-        shutil.copy(tmp_path / "flow-run-artifacts.png", Path(keep) / "flow-run-artifacts.png")
+        for name in ("flow-run-artifacts.png", "task-run.png"):
+            shutil.copy(tmp_path / name, Path(keep) / name)

@@ -145,7 +145,7 @@ KEPT_BY_PREFECT = {"GPUResult", "EndedSession", "CudfPolarsTaskRunner"}
 
 
 def test_each_flow_runs_session_and_engine_are_freed_by_reference_counting_and_kept_handles_hold_nothing(
-    cpu_block, orders
+    cpu_block, orders, flow_heartbeats
 ):
     sessions: list[weakref.ref] = []
     engines: list[weakref.ref] = []

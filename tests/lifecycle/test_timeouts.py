@@ -18,7 +18,9 @@ is a quarter of that call's time.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import uuid
 
 import polars as pl
 import pytest
@@ -36,14 +38,18 @@ SLOW_S = 6.0
 in_engine_call = threading.Event()
 
 
-@gpu_task(name="times-out", timeout_seconds=TIMEOUT_S)
-def times_out(path: str) -> pl.LazyFrame:
+def slow_query(path: str) -> pl.LazyFrame:
+    """A query whose engine call takes ``SLOW_S`` seconds, marking when it is under way."""
+
     def mark(s: pl.Series) -> pl.Series:
         in_engine_call.set()
         return s
 
     marked = pl.scan_parquet(path).with_columns(pl.col("id").map_batches(mark, return_dtype=pl.Int64))
     return sleeping(marked, SLOW_S)
+
+
+times_out = gpu_task(name="times-out", timeout_seconds=TIMEOUT_S)(slow_query)
 
 
 def span(task_run_id):
@@ -109,6 +115,62 @@ def test_a_gpu_task_called_in_the_flow_body_past_its_timeout_ends_timed_out(cpu_
     session, state, rows, live, before, after = pipeline()
     assert rows == 1000
     check_timed_out(session, state.state_details.task_run_id, live, before, after, SLOW_S)
+
+
+@gpu_task(name="async-times-out", timeout_seconds=TIMEOUT_S)
+async def async_times_out(path: str) -> pl.LazyFrame:
+    return slow_query(path)
+
+
+def test_an_async_gpu_task_past_its_timeout_releases_its_late_result_when_the_engine_call_returns(
+    cpu_block, orders, unchecked_cpu_backend
+):
+    in_engine_call.clear()
+
+    @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
+    async def pipeline():
+        session = get_engine_session()
+        before = session.memory_in_use()
+        state = await async_times_out(str(orders), return_state=True)
+        # Queued behind the engine call that is still running: when it returns, the late result has arrived.
+        rows = collect(pl.scan_parquet(orders)).height
+        return session, state, rows, session.live_results, before, session.memory_in_use(), session.counts
+
+    session, state, rows, live, before, after, counts = asyncio.run(pipeline())
+    assert rows == 1000
+    check_timed_out(session, state.state_details.task_run_id, live, before, after, SLOW_S)
+    assert counts == {"produced": 1, "consumed": 0, "released_unconsumed": 1}  # released when the call returned
+
+
+def test_the_engine_start_is_not_charged_to_the_first_gpu_task_runs_timeout(orders):
+    """The first GPU task of a flow run starts no engine: its flow run did, before the task run began."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+
+    name, admitted = f"start-{uuid.uuid4().hex[:12]}", threading.Event()
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=6))
+
+    @gpu_task(name="quick", timeout_seconds=TIMEOUT_S)
+    def quick(path: str) -> pl.LazyFrame:
+        return pl.scan_parquet(path)
+
+    block = CudfPolarsEngine(backend="cpu", device_memory_limit=4 * 2**30, admission_limit=name)
+
+    @flow(task_runner=CudfPolarsTaskRunner(block))
+    def pipeline():
+        state = quick(str(orders), return_state=True)
+        return state, get_engine_session().timings["admission_wait_s"]
+
+    holder = concurrency(name, occupy=4, strict=True)  # another holder takes 4 of the 6 slots ...
+    holder.__enter__()
+    release = threading.Timer(TIMEOUT_S * 3, lambda: (holder.__exit__(None, None, None), admitted.set()))
+    release.start()  # ... and gives them back after three times the task's timeout
+    state, waited = pipeline()
+    release.join()
+    assert admitted.is_set() and waited >= TIMEOUT_S * 2
+    assert state.is_completed(), state
+    assert span(state.state_details.task_run_id)[1] < TIMEOUT_S
 
 
 @pytest.mark.gpu

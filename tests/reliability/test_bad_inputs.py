@@ -52,7 +52,7 @@ def store_is_restored():
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        (pl.DataFrame({"a": [1]}), r"not DataFrame \(call .lazy\(\) on it\)"),
+        (pl.DataFrame({"a": [1]}), r"not DataFrame; call .lazy\(\) on the DataFrame"),
         ("select * from t", "not str"),
         (42, "not int"),
     ],
@@ -341,7 +341,16 @@ def test_block_with_an_invalid_option(tmp_path):
 def test_the_ui_form_of_the_engine_block_constrains_its_fields():
     schema = CudfPolarsEngine.model_json_schema()["properties"]
     spill = {k: v for branch in schema["spill_device_limit"]["anyOf"] for k, v in branch.items() if k != "type"}
-    assert spill == {"exclusiveMinimum": 0, "pattern": r"^(\d+(\.\d+)?%|\d+)$"}
+    assert spill.keys() == {"exclusiveMinimum", "pattern"}
+    # The form's pattern is the validator's rule: it takes and refuses the texts the block does.
+    for text, kept in [("80%", True), ("0.5%", True), ("100%", True), ("60000000000", True), ("0%", False),
+                       ("100.5%", False), ("0", False), ("8GB", False), ("-5", False)]:
+        assert bool(re.match(spill["pattern"], text)) is kept, text
+        if kept:
+            assert CudfPolarsEngine(spill_device_limit=text).spill_device_limit == text
+        else:
+            with pytest.raises(ValidationError, match=f"spill_device_limit='{text}' is not a percentage"):
+                CudfPolarsEngine(spill_device_limit=text)
     assert schema["device_memory_resource"]["enum"] == ["async", "pool", "managed", "cuda"]
     for field in ("target_partition_size", "max_rows_per_partition", "teardown_timeout", "dask_connect_timeout"):
         assert "exclusiveMinimum" in str(schema[field]), field

@@ -1,6 +1,7 @@
 """
-Load: a flow of 1,000 small GPU tasks keeps host and engine memory flat, and a
-result that Prefect's futures still hold after consumption keeps no engine memory.
+Load: a flow of 1,000 small GPU tasks keeps host and engine memory flat (and Prefect's
+API records every one of its task runs), and a result that Prefect's futures still hold
+after consumption keeps no engine memory.
 
 Host memory is this process's resident set size (``VmRSS`` in /proc/self/status,
 bytes), read inside the flow run every 100 tasks, next to the engine's memory
@@ -38,6 +39,35 @@ TASKS = 1000
 #: record of every task run of the flow run (states, futures), and each result
 #: keeps its lineage (a few Python objects); engine data itself must not grow.
 FLAT_BYTES = 64 * 2**20
+
+
+def completed_task_runs_when(flow_run_id, count: int, *, timeout: float) -> int:
+    """
+    The flow run's Completed task runs, as the API counts them, once there are ``count``
+    (or ``timeout`` seconds have passed).
+    """
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    flt = TaskRunFilter(
+        flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]),
+        state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.COMPLETED])),
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            counted = client.request("POST", "/task_runs/count", json={"task_runs": flt.model_dump(mode="json")}).json()
+        if counted >= count or time.monotonic() > deadline:
+            return counted
+        time.sleep(1)
 
 
 def rss_bytes() -> int:
@@ -104,7 +134,8 @@ def test_a_flow_of_1000_small_tasks_keeps_memory_flat(engine_block, orders):
         return total
 
     store_before = held_partitions()
-    total = thousand()
+    state = thousand(return_state=True)
+    total = state.result()
     expected = pl.read_parquet(orders)["amount"].sum() + (TASKS - 1) * 1000
     assert total.item() == pytest.approx(expected)
     print(f"\nbackend={engine_block.backend}\ntasks  rss_MiB  engine_bytes  host_store_partitions  live_results")
@@ -127,6 +158,10 @@ def test_a_flow_of_1000_small_tasks_keeps_memory_flat(engine_block, orders):
     print(f"RSS growth from task 200 to task {TASKS}: {growth / 2**20:.1f} MiB")
     assert growth < FLAT_BYTES, f"host memory grew {growth / 2**20:.1f} MiB over 800 tasks"
     assert held_partitions() == store_before
+    # Prefect's API records task runs from their events, after they ran: it gets to every one
+    # of the flow run's (the 1,000 GPU tasks and the collect), each Completed.
+    recorded = completed_task_runs_when(state.state_details.flow_run_id, TASKS + 1, timeout=300)
+    assert recorded == TASKS + 1, f"the API recorded {recorded} of the {TASKS + 1} task runs as Completed"
 
 
 def test_results_held_by_futures_after_consumption_keep_no_engine_memory(engine_block, orders):

@@ -38,7 +38,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 END_LINE = re.compile(
     r"engine session ended: backend=(\w+), results produced (\d+), consumed (\d+), "
     r"released unconsumed (\d+); (?:host store|device memory \(rmm statistics\)) at start "
-    r"(\S+), peak \S+, held at the end (\S+) \(bytes\);.* on thread (\S+)$"
+    r"(\S+), peak \S+, at the end (\S+) \(bytes; read before the engine's shutdown.* on thread (\S+)$"
 )
 
 

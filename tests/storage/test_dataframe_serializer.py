@@ -70,7 +70,7 @@ def test_prefect_resolves_it_by_type_name():
 
 def test_refusals_say_what_to_do():
     ser = PolarsDataFrameSerializer()
-    with pytest.raises(TypeError, match="Collect it first"):
+    with pytest.raises(TypeError, match="not LazyFrame; collect it first"):
         ser.dumps(pl.LazyFrame({"a": [1]}))
     with pytest.raises(TypeError, match="another result serializer"):
         ser.dumps({"a": 1})

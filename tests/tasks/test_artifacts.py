@@ -40,20 +40,24 @@ def summary_text(flow_run_id, flow_name: str) -> str:
     return summary.data
 
 
+def table_after(text: str, heading: str, columns: list[str]) -> list[dict[str, str]]:
+    """The rows of the markdown table under ``heading``, each as a dict of its ``columns``."""
+    lines = text[text.index(heading):].split("\n\n")[1].splitlines()
+    assert [c.strip() for c in lines[0].strip("|").split("|")] == columns, lines[0]
+    return [dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
+
+
 def summary_results(text: str) -> list[dict[str, str]]:
-    """The rows of the summary's "Results (N)" table, each as a dict of its columns; checks N."""
+    """Each result of the summary, the columns of its two tables in one dict; checks the count in "Results (N)"."""
     header = re.search(r"^#### Results \((\d+)\)$", text, re.MULTILINE)
     assert header, f"no Results table in:\n{text}"
-    lines = text[header.end():].strip().splitlines()
-    columns = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert columns == ["result", "produced by", "at the end", "rows", "bytes", "partitions", "engine s", "host memory"], lines[0]
-    rows = [
-        dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True))
-        for line in lines[2:] if line.startswith("|")
-    ]
+    made = table_after(text, header[0], ["result", "produced by task run", "at the end", "rows", "bytes"])
+    calls = table_after(text, "#### Each result's task run and engine call",
+                        ["result", "task run id", "partitions", "engine s"])
+    assert [r["result"] for r in made] == [r["result"] for r in calls], text
     more = re.search(r"^\.\.\. and (\d+) more", text, re.MULTILINE)
-    assert len(rows) + (int(more[1]) if more else 0) == int(header[1]), text
-    return rows
+    assert len(made) + (int(more[1]) if more else 0) == int(header[1]), text
+    return [{**m, **c} for m, c in zip(made, calls, strict=True)]
 
 
 def _bytes(cell: str) -> int:
@@ -164,12 +168,15 @@ def test_result_artifacts_are_written_only_with_the_block_option_and_the_summary
         assert set(rows) == {f"`{name}`" for name in expected}
         for name, (state, frame) in expected.items():
             row = rows[f"`{name}`"]
-            assert row["produced by"] == f"task run '{name}' (id {runs[name].id})"
+            assert (row["produced by task run"], row["task run id"]) == (name, str(runs[name].id))
             assert row["at the end"] == state
-            assert row["rows"] == str(frame.height) and _bytes(row["bytes"]) == frame.estimated_size()
+            assert row["rows"] == str(frame.height) and row["bytes"] == f"{frame.estimated_size():,}"
             assert row["partitions"] == "1" and float(row["engine s"]) >= 0
-        # Held at the end: the result nobody read.
-        assert re.search(rf"\| memory held at the end \| {everything.estimated_size():,} bytes", text), text
+        # Memory at the end: read before the engine's shutdown, it is the result nobody read, which the shutdown frees.
+        unread = f"{everything.estimated_size():,} bytes ({everything.estimated_size() / 2**20:,.1f} MiB)"
+        assert f"| memory at the end | {unread} |" in text and f"| held then by unread results | {unread}, 1 result(s) |" in text
+        assert "*memory at the end* is read just before the engine's shutdown, which frees what the unread results hold." in text
+        assert "#### Moved to host memory" not in text  # no device_memory_limit: nothing moved
 
     # The result.created events carry the same facts, with the schema and the plan.
     found = events_of(off, expect={telemetry.RESULT_CREATED: 3})
@@ -206,11 +213,11 @@ def test_every_gpu_task_run_of_a_wide_flow_is_listed_in_the_session_summary(cpu_
     assert f"| results produced | {tasks} |" in text and f"| results released unconsumed | {tasks} |" in text
     rows = summary_results(text)
     assert len(rows) == tasks
-    listed = {row["produced by"]: row for row in rows}
+    listed = {(row["produced by task run"], row["task run id"]): row for row in rows}
     table = pl.read_parquet(orders)
     for i in range(tasks):
         name = f"customer-{i}"
-        row = listed.get(f"task run '{name}' (id {gpu_runs[name]})")
+        row = listed.get((name, str(gpu_runs[name])))
         assert row is not None, f"task run {name} is not in the summary:\n{text}"
         assert row["result"] == "`customer_orders`" and row["at the end"] == "released unread"
         assert row["rows"] == str(table.filter(pl.col("customer") == i % 7).height)

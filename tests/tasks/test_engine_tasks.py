@@ -82,7 +82,7 @@ def test_non_lazyframe_inputs_and_returns_get_clear_errors(orders):
     def bad_input():
         return execute(pl.read_parquet(orders))
 
-    with pytest.raises(TypeError, match=r"LazyFrame or a GPUResult, not DataFrame \(call .lazy\(\) on it\)"):
+    with pytest.raises(TypeError, match=r"LazyFrame or a GPUResult, not DataFrame; call .lazy\(\) on the DataFrame"):
         bad_input()
 
 

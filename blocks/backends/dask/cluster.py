@@ -31,12 +31,13 @@ parent does (checked with distributed 2026.8, ``tests/lifecycle/test_cluster_pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from prefect_cudf_polars.blocks.errors import NoGPUError
+from prefect_cudf_polars.blocks.errors import DASK_WORKERS, INSTALL, LOCAL_CLUSTER, NoGPUError
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -58,10 +59,8 @@ class OwnProcessGroup(_WorkerPlugin):  # type: ignore[misc,valid-type]
     name = "prefect-cudf-polars-own-process-group"
 
     def setup(self, worker: Any) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already a group (or session) leader
             os.setpgid(0, 0)
-        except OSError:  # already a group (or session) leader
-            pass
 
 
 def own_process_groups(client: Any) -> None:
@@ -99,27 +98,16 @@ def check_gpu_workers(reports: dict[str, dict[str, Any]], address: str) -> int:
         No workers; a worker sees no GPU; two workers would use the same GPU.
     """
     if not reports:
-        raise DaskClusterError(
-            f"The Dask cluster at {address} has no workers. Start GPU workers with "
-            "`dask worker <scheduler> --nworkers <GPUs> --nthreads 1 --preload-nanny "
-            "cudf_polars.engine.dask`, or leave dask_scheduler_address empty to let the "
-            "session start a LocalCUDACluster."
-        )
+        raise DaskClusterError(f"The Dask cluster at {address} has no workers: {DASK_WORKERS}, or {LOCAL_CLUSTER}.")
     no_gpu = sorted(w for w, r in reports.items() if r["gpus"] == 0)
     if no_gpu:
-        raise DaskClusterError(
-            f"{len(no_gpu)} of {len(reports)} workers of the Dask cluster at {address} see "
-            f"no GPU ({no_gpu[0]}: {reports[no_gpu[0]]['problem']}). cudf-polars needs one "
-            "GPU per worker: run the workers on GPU machines."
-        )
+        raise DaskClusterError(f"{len(no_gpu)} of {len(reports)} workers of the Dask cluster at {address} see no GPU "
+                               f"({no_gpu[0]}: {reports[no_gpu[0]]['problem']}), and cudf-polars needs one GPU per "
+                               f"worker: {DASK_WORKERS}.")
     first = [(r["cvd"] or "0").split(",")[0] for r in reports.values()]
     if len(set(first)) < len(first):
-        raise DaskClusterError(
-            f"Workers of the Dask cluster at {address} share GPUs (first visible device of "
-            f"each: {sorted(first)}). Start them with cudf-polars' nanny preload, "
-            "`--preload-nanny cudf_polars.engine.dask`, or with dask-cuda "
-            "(`dask cuda worker`), so each worker gets a GPU of its own."
-        )
+        raise DaskClusterError(f"Workers of the Dask cluster at {address} share GPUs (first visible device of each: "
+                               f"{sorted(first)}): {DASK_WORKERS}.")
     return len(reports)
 
 
@@ -150,10 +138,9 @@ class DaskConnection:
     @property
     def dashboard_link(self) -> str | None:
         """The Dask dashboard URL, if the scheduler serves one."""
-        try:
+        with contextlib.suppress(Exception):
             return self.client.dashboard_link
-        except Exception:
-            return None
+        return None
 
     def close(self) -> None:
         """Close our client; close the cluster only if we started it (idempotent)."""
@@ -172,11 +159,8 @@ def local_cuda_cluster(block: CudfPolarsEngine) -> Any:
     return LocalCUDACluster(**block.local_cluster_kwargs())
 
 
-def connect(
-    block: CudfPolarsEngine,
-    *,
-    start_cluster: Callable[[CudfPolarsEngine], Any] = local_cuda_cluster,
-) -> DaskConnection:
+def connect(block: CudfPolarsEngine, *,
+            start_cluster: Callable[[CudfPolarsEngine], Any] = local_cuda_cluster) -> DaskConnection:
     """
     Connect to the block's Dask cluster, or start one the session owns.
 
@@ -202,10 +186,8 @@ def connect(
     try:
         from distributed import Client
     except ImportError as exc:
-        raise NoGPUError(
-            "backend='dask' needs dask.distributed and dask-cuda: install "
-            "`prefect-cudf-polars[cu13]` (or [cu12])."
-        ) from exc
+        raise NoGPUError(f"backend='dask' needs dask.distributed and dask-cuda: {INSTALL.format(extra='cu13')} "
+                         "(or cu12).") from exc
     address = block.dask_scheduler_address
     if address is None:
         cluster = start_cluster(block)
@@ -219,12 +201,9 @@ def connect(
     try:
         client = Client(address, timeout=block.dask_connect_timeout)
     except (OSError, TimeoutError) as exc:
-        raise DaskClusterError(
-            f"The Dask scheduler at {address} did not answer within "
-            f"{block.dask_connect_timeout:g} s ({type(exc).__name__}: {exc}). Check the "
-            "address and that the scheduler runs, or leave dask_scheduler_address empty to "
-            "let the session start a LocalCUDACluster."
-        ) from exc
+        raise DaskClusterError(f"The Dask scheduler at {address} did not answer within {block.dask_connect_timeout:g} "
+                               f"s ({type(exc).__name__}: {exc}). Check the address and that the scheduler runs, or "
+                               f"{LOCAL_CLUSTER}.") from exc
     connection = DaskConnection(client=client, cluster=None, address=address)
     try:
         check_gpu_workers(client.run(worker_gpu_report), address)

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.dask import lease
 from prefect_cudf_polars.blocks.backends.dask.cluster import DaskClusterError, connect
-from prefect_cudf_polars.blocks.backends.streaming import (
-    StreamingRunningEngine, limited_engine_kwargs, silence_unstable_warning)
+from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine, limited_engine_kwargs
+from prefect_cudf_polars.blocks.errors import LOCAL_CLUSTER
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -53,9 +53,7 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
     from cudf_polars.engine.dask import DaskEngine
     from cudf_polars.engine.hardware_binding import HardwareBindingPolicy
 
-    silence_unstable_warning()
-    running = StreamingRunningEngine("dask", stack)
-    running.memory_limit = limit
+    running = StreamingRunningEngine("dask", stack, limit)
     connection = connect(block)
     stack.callback(connection.close)
     kwargs = limited_engine_kwargs(block, limit)
@@ -70,15 +68,11 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
             lease.hold(connection.client, teardown, name)
         except Exception as exc:
             raise DaskLeaseError(
-                f"The Dask scheduler at {connection.address} refused the plugin {name!r} that "
-                f"frees our GPU results on its workers if this process is killed "
-                f"({type(exc).__name__}: {exc}). Use a scheduler that accepts scheduler plugins "
-                "from clients, with distributed and cloudpickle versions matching this client's, "
-                "or leave dask_scheduler_address empty to let the session start a LocalCUDACluster."
-            ) from exc
+                f"The Dask scheduler at {connection.address} refused the plugin {name!r} that frees our GPU results "
+                f"on its workers if this process is killed ({type(exc).__name__}: {exc}). Use a scheduler that "
+                "accepts scheduler plugins from clients, with distributed and cloudpickle versions matching this "
+                f"client's, or {LOCAL_CLUSTER}.") from exc
         stack.callback(lease.release, connection.client, name)
-    running.extra = {
-        "dashboard": connection.dashboard_link,
-        "cluster": "owned LocalCUDACluster" if connection.owned else f"external {connection.address}",
-    }
+    running.extra = {"dashboard": connection.dashboard_link,
+                     "cluster": "owned LocalCUDACluster" if connection.owned else f"external {connection.address}"}
     return running

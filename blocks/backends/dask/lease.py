@@ -104,28 +104,12 @@ class WorkerStateLease(SchedulerPlugin):
     async def _run_cleanup(self, scheduler: Any) -> None:
         log = logging.getLogger("distributed.scheduler")
         try:
-            msg = {
-                "op": "run",
-                "function": self._cleanup,
-                "args": dumps(()),
-                "kwargs": dumps({}),
-                "wait": True,
-            }
+            msg = {"op": "run", "function": self._cleanup, "args": dumps(()), "kwargs": dumps({}), "wait": True}
             responses = await scheduler.broadcast(msg=msg, on_error="return")
-            failed = {
-                worker: (r.get("exception_text") if isinstance(r, dict) else repr(r))
-                for worker, r in responses.items()
-                if not (isinstance(r, dict) and r.get("status") == "OK")
-            }
-            log.info(
-                "Lease %s: client %s left; ran %s on %d workers, %d failed%s",
-                self.name,
-                self.client_id,
-                self.cleanup_name,
-                len(responses),
-                len(failed),
-                f": {failed}" if failed else "",
-            )
+            failed = {worker: (r.get("exception_text") if isinstance(r, dict) else repr(r))
+                      for worker, r in responses.items() if not (isinstance(r, dict) and r.get("status") == "OK")}
+            log.info("Lease %s: client %s left; ran %s on %d workers, %d failed%s", self.name, self.client_id,
+                     self.cleanup_name, len(responses), len(failed), f": {failed}" if failed else "")
         except Exception:
             log.exception("Lease %s: cleanup after client %s failed", self.name, self.client_id)
         finally:

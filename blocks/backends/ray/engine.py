@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING
 from prefect_cudf_polars.blocks.backends.compat import disable_ray_failure_signal_handler, reload_ray_auth_token
 from prefect_cudf_polars.blocks.backends.ray.connect import explain_connect_failure
 from prefect_cudf_polars.blocks.backends.ray.head import start_local_head
-from prefect_cudf_polars.blocks.backends.streaming import (
-    StreamingRunningEngine, limited_engine_kwargs, silence_unstable_warning)
-from prefect_cudf_polars.blocks.errors import NoGPUError
+from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine, limited_engine_kwargs
+from prefect_cudf_polars.blocks.errors import INSTALL, NoGPUError
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -43,17 +42,13 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
         start: what went wrong and what to do.
     """
     if importlib.util.find_spec("ray") is None:
-        raise NoGPUError(
-            "backend='ray' needs Ray, which is not installed: `pip install ray`, "
-            "or choose backend='spmd' or 'dask'."
-        )
+        raise NoGPUError(f"backend='ray' needs Ray, which is not installed: {INSTALL.format(extra='ray')}, "
+                         "or choose backend='spmd' or 'dask'.")
     disable_ray_failure_signal_handler()
     import ray
     from cudf_polars.engine.ray import RayEngine
 
-    silence_unstable_warning()
-    running = StreamingRunningEngine("ray", stack)
-    running.memory_limit = limit
+    running = StreamingRunningEngine("ray", stack, limit)
     if block.ray_address:
         init, cluster = {"address": block.ray_address}, f"external Ray {block.ray_address}"
         reload_ray_auth_token()  # not a token an earlier Ray session in this process loaded
@@ -74,10 +69,8 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
         if "GPU" not in str(exc):
             raise
         where = block.ray_address or "the local Ray started for this session"
-        raise NoGPUError(
-            f"The Ray cluster at {where} has no free GPU for cudf-polars ({exc}). Add GPU "
-            "nodes (`ray start --num-gpus N`), free the GPUs other jobs hold, or use "
-            "backend='spmd' on a single GPU."
-        ) from exc
+        raise NoGPUError(f"The Ray cluster at {where} has no free GPU for cudf-polars ({exc}). Add GPU nodes "
+                         "(`ray start --num-gpus N`), free the GPUs other jobs hold, or use backend='spmd' on a "
+                         "single GPU.") from exc
     running.extra = {"cluster": cluster}
     return running

@@ -14,6 +14,7 @@ Only the standard library: it must start fast and import nothing of ours.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -44,10 +45,8 @@ def end_session(*_: object) -> None:
     me = os.getpid()
     for pid in session_members(me):
         if pid != me:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
     os._exit(0)
 
 

@@ -29,6 +29,7 @@ The guardian runs Ray's command line (``ray.scripts.scripts.main``, Ray 2.60).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 
 from prefect_cudf_polars.blocks.backends.compat import reload_ray_auth_token
+from prefect_cudf_polars.blocks.backends.environment import apply_environment
 from prefect_cudf_polars.blocks.backends.ray.connect import RayClusterError
 from prefect_cudf_polars.blocks.backends.ray.guardian import session_members
 
@@ -47,9 +49,6 @@ START_TIMEOUT_S = 60.0
 
 #: Leads the head's session and ends it when this process's starting thread ends.
 GUARDIAN = Path(__file__).with_name("guardian.py")
-
-_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -81,38 +80,23 @@ class LocalHead:
         port = _free_port()
         self.address = f"127.0.0.1:{port}"
         # Ports of its own, so that two sessions' heads (or another Ray) on the machine do not meet.
-        ports = [
-            f"--{name}={_free_port()}"
-            for name in ("dashboard-port", "dashboard-agent-listen-port", "metrics-export-port")
-        ]
-        self._saved = {name: os.environ.get(name) for name in _AUTH_VARIABLES}
-        token = secrets.token_hex(32)
-        env = {
-            **os.environ,
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": token,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            # What cudf-polars sets before its own ray.init (cudf-polars 26.10, engine/ray.py).
-            "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": os.environ.get("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0"),
-        }
+        ports = [f"--{name}={_free_port()}"
+                 for name in ("dashboard-port", "dashboard-agent-listen-port", "metrics-export-port")]
+        auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        # What cudf-polars sets before its own ray.init (cudf-polars 26.10, engine/ray.py).
+        accel = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": os.environ.get("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")}
+        self._saved: dict[str, str | None] = {}  # this process's Ray token variables, put back by stop()
         self.process = subprocess.Popen(
-            [
-                sys.executable, str(GUARDIAN), str(os.getpid()),
-                "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                "--include-dashboard=false", "--disable-usage-stats", *ports,
-            ],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+            [sys.executable, str(GUARDIAN), str(os.getpid()), "start", "--head", "--block", "--node-ip-address",
+             "127.0.0.1", "--port", str(port), "--include-dashboard=false", "--disable-usage-stats", *ports],
+            env={**os.environ, **auth, "RAY_USAGE_STATS_ENABLED": "0", **accel}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         try:
             self._wait_until_it_answers(port)
         except BaseException:
             self.stop()
             raise
-        os.environ["RAY_AUTH_MODE"], os.environ["RAY_AUTH_TOKEN"] = "token", token
+        self._saved = apply_environment(auth)
         reload_ray_auth_token()
 
     def _wait_until_it_answers(self, port: int) -> None:
@@ -120,16 +104,12 @@ class LocalHead:
         while not _answers(port):
             if self.process.poll() is not None:
                 said = (self.process.stderr.read() if self.process.stderr else b"").decode(errors="replace")
-                raise RayClusterError(
-                    f"The local Ray head for this session (ray start --head, port {port}) ended "
-                    f"with exit status {self.process.returncode} before it answered: {said[-2000:]}"
-                )
+                raise RayClusterError(f"The local Ray head for this session (ray start --head, port {port}) ended with "
+                                      f"exit status {self.process.returncode} before it answered: {said[-2000:]}")
             if time.monotonic() > deadline:
-                raise RayClusterError(
-                    f"The local Ray head for this session (ray start --head, port {port}) did not "
-                    f"answer within {START_TIMEOUT_S:g} s. Check that Ray runs on this machine "
-                    "(`ray start --head`), or give the block a ray_address."
-                )
+                raise RayClusterError(f"The local Ray head for this session (ray start --head, port {port}) did not "
+                                      f"answer within {START_TIMEOUT_S:g} s. Check that Ray runs on this machine "
+                                      "(`ray start --head`), or give the block a ray_address.")
             time.sleep(0.1)
 
     def stop(self) -> None:
@@ -137,21 +117,13 @@ class LocalHead:
         # Ray's worker processes lead process groups of their own inside the head's
         # session (Ray 2.60), so the whole session is killed, not only the head's group.
         for pid in [self.process.pid, *session_members(self.process.pid)]:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a process SIGKILL could not end: nothing more to do
             self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL could not end
-            pass
         if self.process.stderr is not None:
             self.process.stderr.close()
-        for name, value in self._saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        apply_environment(self._saved)
         reload_ray_auth_token()
 
 

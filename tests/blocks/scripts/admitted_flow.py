@@ -20,13 +20,17 @@ import polars as pl
 from prefect import flow
 from prefect.context import FlowRunContext
 
-from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks import CudfPolarsEngine, admission
 from prefect_cudf_polars.tasks import execute
 
 
 @flow
-def admitted_hold(evidence: str, path: str, limit: str, wait_s: float = 120.0) -> None:
-    """Hold 4 slots of ``limit`` with a live result, then wait to be stopped."""
+def admitted_hold(evidence: str, path: str, limit: str, wait_s: float = 120.0,
+                  request_slice_s: float | None = None) -> None:
+    """Hold 4 slots of ``limit`` with a live result, then wait to be stopped (asking for the slots in
+    requests of ``request_slice_s`` seconds, if given)."""
+    if request_slice_s is not None:
+        admission.REQUEST_SLICE_S = request_slice_s
     flow_run_id = str(FlowRunContext.get().flow_run.id)
     _write(Path(evidence) / "started.json", {"pid": os.getpid(), "flow_run_id": flow_run_id})
     block = CudfPolarsEngine(backend="cpu", device_memory_limit=4 << 30, admission_limit=limit)

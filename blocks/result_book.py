@@ -1,0 +1,86 @@
+"""
+The results of one session and what became of them: produced, consumed, released unread.
+
+Task threads claim and release results while the engine's owner thread admits
+new ones, so every entry and count changes under one lock. The book holds the
+unread results strongly (their session releases them at its end) and every
+other one weakly (a handle nothing else keeps goes away).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+from prefect_cudf_polars.blocks.backends.plans import cache_uses
+
+if TYPE_CHECKING:
+    from prefect_cudf_polars.blocks.results import GPUResult
+
+
+class ResultBook:
+    """
+    One session's results, thread-safe.
+
+    Attributes
+    ----------
+    open : bool
+        Whether it admits results (until :meth:`close`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[str, GPUResult] = {}  # unread, in the order produced
+        self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
+        self._by_cache: weakref.WeakValueDictionary[str, GPUResult] = weakref.WeakValueDictionary()
+        self._counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
+        self.open = True
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Results ``produced``, ``consumed`` and ``released_unconsumed`` so far."""
+        with self._lock:
+            return dict(self._counts)
+
+    def admit(self, result: GPUResult) -> bool:
+        """Count ``result`` produced and unread; False (nothing counted) once the book is closed."""
+        with self._lock:
+            if self.open:
+                self._live[result.id] = result
+                self._all.add(result)
+                self._counts["produced"] += 1
+            return self.open
+
+    def leave(self, result: GPUResult, count: str) -> bool:
+        """Whether ``result`` was unread; then it is counted under ``count`` (``"consumed"`` or ``"released_unconsumed"``)."""
+        with self._lock:
+            live = self._live.pop(result.id, None) is not None
+            self._counts[count] += live
+            if count == "consumed" and result.cache_id is not None:
+                self._by_cache[result.cache_id] = result
+        return live
+
+    def scanned(self, plan: str) -> list[GPUResult]:
+        """The results whose claimed frames a logical plan scans (by the ids of their caches)."""
+        with self._lock:
+            return [r for c in cache_uses(plan) if (r := self._by_cache.get(c)) is not None]
+
+    def results(self) -> tuple[list[GPUResult], list[GPUResult]]:
+        """Every result that may hold something, and the unread ones in the order produced."""
+        with self._lock:
+            return list(self._all), list(self._live.values())
+
+    def close(self) -> list[GPUResult]:
+        """Admit no more; the unread results, now counted released unread."""
+        with self._lock:
+            self.open = False
+            live, self._live = list(self._live.values()), {}
+            self._counts["released_unconsumed"] += len(live)
+            return live
+
+    def clear(self) -> list[GPUResult]:
+        """Let go of every result (the session has ended); returns them."""
+        with self._lock:
+            every, self._all = list(self._all), weakref.WeakSet()
+            return every

@@ -1,0 +1,42 @@
+"""The run some code runs in (a task run and its attempt, a flow run, or neither), read from Prefect's context once."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class RunIdentity(NamedTuple):
+    """
+    The run some code runs in.
+
+    Attributes
+    ----------
+    name : str
+        ``"task run 'trips' (id ...)"``, ``"flow run 'brave-fox' (id ...)"``, or
+        ``"code outside any Prefect run"``.
+    run_id : str or None
+        The task run's id (a retried task run keeps it), else the flow run's.
+    task_run_id : uuid.UUID or None
+        The task run's id, ``None`` outside a task run.
+    attempt : int
+        The task run's attempt (Prefect's ``run_count``: 1, then 2 on its first retry); 0 outside a task run.
+    """
+
+    name: str
+    run_id: str | None
+    task_run_id: Any
+    attempt: int = 0
+
+
+OUTSIDE_RUNS = RunIdentity("code outside any Prefect run", None, None)
+
+
+def current_run() -> RunIdentity:
+    """The current task run or, in a flow body, flow run (Prefect's run context; not the engine session)."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if (run := getattr(TaskRunContext.get(), "task_run", None)) is not None:
+        return RunIdentity(f"task run {run.name!r} (id {run.id})", str(run.id), run.id, run.run_count)
+    if (run := getattr(FlowRunContext.get(), "flow_run", None)) is not None:
+        return RunIdentity(f"flow run {run.name!r} (id {run.id})", str(run.id), None)
+    return OUTSIDE_RUNS
