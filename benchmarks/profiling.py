@@ -25,6 +25,7 @@ from typing import Any
 IDLE = frozenset({
     "threading:wait", "threading:_wait_for_tstate_lock", "queue:get", "selectors:select",
     "concurrent.futures.thread:_worker", "prefect_cudf_polars.blocks.engine:_serve",
+    "prefect_cudf_polars.blocks.send_queue:_serve",
     "asyncio.base_events:_run_once", "asyncio.selector_events:_read_from_self", "socket:accept",
     "prefect.flow_engine:heartbeat_loop",
 })

@@ -258,7 +258,8 @@ class CudfPolarsEngine(Block, EngineOptions):
     @classmethod
     def _check_executor_options(cls, value: dict[str, Any]) -> dict[str, Any]:
         if bad := sorted(RESERVED_EXECUTOR_KEYS & value.keys()):
-            raise ValueError(f"executor_options may not set {bad}: cudf-polars sets them for the backend")
+            raise ValueError(f"executor_options may not set {bad}: cudf-polars sets them for the backend; remove "
+                             "them from executor_options")
         if bad := sorted(NAMED_EXECUTOR_KEYS & value.keys()):
             raise ValueError(f"executor_options may not set {bad}: use the block field of that name")
         fields, source = streaming_executor_fields()
@@ -272,7 +273,8 @@ class CudfPolarsEngine(Block, EngineOptions):
     def _check_pool_size(self) -> CudfPolarsEngine:
         if self.device_memory_pool_size is not None and self.device_memory_resource not in ("async", "pool"):
             raise ValueError("device_memory_pool_size applies to device_memory_resource 'async' or "
-                             f"'pool', not {self.device_memory_resource!r}")
+                             f"'pool', not {self.device_memory_resource!r}: unset the pool size, or pick 'async' or "
+                             "'pool'")
         limit, pool = self.device_memory_limit, self.device_memory_pool_size
         if isinstance(limit, int) and pool is not None and pool > limit:
             raise ValueError(f"device_memory_pool_size={pool} is over device_memory_limit={limit}: the pool would "

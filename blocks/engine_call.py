@@ -57,7 +57,7 @@ class PendingCall:
             out = self._host.wait(self.future, on_late=self._on_late)  # type: ignore[arg-type]
         except Exception as exc:
             self._raise(exc)
-        return self._finish(out)
+        return self._finished(out)
 
     async def wait_async(self) -> Any:
         """Await the call's future on the event loop and return its value."""
@@ -65,7 +65,15 @@ class PendingCall:
             out = await self._host.wait_async(self.future, on_late=self._on_late)  # type: ignore[arg-type]
         except Exception as exc:
             self._raise(exc)
-        return self._finish(out)
+        return self._finished(out)
+
+    def _finished(self, out: tuple) -> Any:
+        """Finish ``out`` on the caller's side; if that is interrupted (a timeout), ``out`` goes to the late release."""
+        try:
+            return self._finish(out)
+        except BaseException:
+            self._host.post(self._on_late, out)
+            raise
 
     def _raise(self, exc: Exception) -> NoReturn:
         if not self.planned:  # refused while planning (polars' error, or ours): nothing ran, nothing to translate

@@ -59,10 +59,10 @@ ResultState = Literal["live", "consumed", "released"]
 
 
 class Claim(NamedTuple):
-    """The run attempt that claimed a result: its readable name, its id (``None`` outside runs) and attempt."""
+    """The run attempt that claimed a result: its readable name, its id (outside runs, its thread's) and attempt."""
 
     by: str
-    run_id: str | None
+    run_id: str
     attempt: int
 
 
@@ -166,7 +166,7 @@ class GPUResult:
     def claimed_in(self, run: RunIdentity) -> bool:
         """Whether ``run`` claimed this result, in this attempt or an earlier one: the one rule for "consumed by this run"."""
         claim = self._claim
-        return claim is not None and claim.run_id == run.run_id
+        return claim is not None and claim.run_id == run.run_id  # outside any run, each thread is its own run
 
     @property
     def deferred_step(self) -> FusedStep | None:
@@ -210,7 +210,7 @@ class GPUResult:
         if self._state == "consumed":
             claim = self._claim
             assert claim is not None  # a consumed result has its claim
-            same_run = claim.run_id is not None and claim.run_id == run.run_id
+            same_run = self.claimed_in(run)
             how = "earlier attempt" if same_run and claim.attempt != run.attempt else "same run" if same_run else "other"
             return errors.ResultConsumedError(errors.consumed_message(what, claim.by, how), consumer=claim.by, **ids)
         if reader is not None and reader.id != self.session_id:
@@ -240,7 +240,8 @@ class GPUResult:
 
     def check_scan(self, run: RunIdentity) -> None:
         """
-        Before an engine call reads this result's frame (on the engine's owner thread): refuse a read that cannot be.
+        Before an engine call reads this result's claimed frame (on the engine's owner thread): refuse a read that
+        cannot be, else mark the frame read (a release from now on leaves the result ``"consumed"``).
 
         Raises
         ------
@@ -250,10 +251,11 @@ class GPUResult:
             An earlier query read its frame.
         """
         with self._lock:
-            if self._state == "live" or (self._state == "consumed" and self._frame is not None):
+            if self._state == "consumed" and self._frame is not None:
+                self._frame = None  # read by this query: no other query, and no release, takes it now
                 return
             refusal = self._refusal(run, None)
-        assert refusal is not None  # released, or consumed with its frame read
+        assert refusal is not None  # released, or consumed with its frame read (a live result has no frame)
         raise refusal
 
     # ---- claiming ----------------------------------------------------------------
@@ -295,8 +297,8 @@ class GPUResult:
         """
         run, reader = current_run(), self._owner.reader_here()
         with self._lock:
-            claim = self._claim  # set whenever a frame is
-            if not hand_over and self._frame is not None and claim and claim[1:] == (run.run_id, run.attempt):
+            shared = self._frame is not None and self.claimed_in(run)  # a frame is set with its claim
+            if not hand_over and shared and self._claim.attempt == run.attempt:  # type: ignore[union-attr]
                 return self._frame  # this attempt's claim, shared by its threads
             if (refusal := self._refusal(run, reader)) is not None:
                 raise refusal

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 
@@ -14,8 +15,9 @@ class RunIdentity(NamedTuple):
     name : str
         ``"task run 'trips' (id ...)"``, ``"flow run 'brave-fox' (id ...)"``, or
         ``"code outside any Prefect run"``.
-    run_id : str or None
-        The task run's id (a retried task run keeps it), else the flow run's.
+    run_id : str
+        The task run's id (a retried task run keeps it), else the flow run's;
+        outside any run, the thread's (each thread is a reader of its own).
     task_run_id : uuid.UUID or None
         The task run's id, ``None`` outside a task run.
     attempt : int
@@ -23,12 +25,9 @@ class RunIdentity(NamedTuple):
     """
 
     name: str
-    run_id: str | None
+    run_id: str
     task_run_id: Any
     attempt: int = 0
-
-
-OUTSIDE_RUNS = RunIdentity("code outside any Prefect run", None, None)
 
 
 def current_run() -> RunIdentity:
@@ -39,4 +38,4 @@ def current_run() -> RunIdentity:
         return RunIdentity(f"task run {run.name!r} (id {run.id})", str(run.id), run.id, run.run_count)
     if (run := getattr(FlowRunContext.get(), "flow_run", None)) is not None:
         return RunIdentity(f"flow run {run.name!r} (id {run.id})", str(run.id), None)
-    return OUTSIDE_RUNS
+    return RunIdentity("code outside any Prefect run", f"thread {threading.get_ident()}", None)

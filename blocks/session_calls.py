@@ -148,9 +148,10 @@ class EngineCalls:
         A result it produces is registered here (a later call sees it held); what Prefect is told of it is sent
         from the caller's thread (:meth:`PendingCall.finish`).
         """
-        host, scanned = self._check_open(), []
-        running, ledger = host.engine, host.ledger
+        scanned: list[GPUResult] = []
         try:
+            host = self._check_open()
+            running, ledger = host.engine, host.ledger
             with call_environment(running, environment):
                 flags, plans = prepare_result(lf, optimized=kind == "execute" and self.block.result_artifacts)
                 scanned = self._book.scanned(plans[0])
@@ -166,12 +167,17 @@ class EngineCalls:
                 result.free()
             with self._lock:
                 self._engine_calls += call.planned
-        ledger.read_back(coming)
-        reading = self._telemetry.note(running.read(value if kind == "execute" else None))
-        if kind == "execute":
-            value = self._admit(GPUResult(value, owner=self, name=call.name, run=call.run, lineage=lineage,
-                                          engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes,
-                                          rank_bytes=reading.bytes_per_rank, fused=call.fused))
+        try:
+            ledger.read_back(coming)
+            reading = self._telemetry.note(running.read(value if kind == "execute" else None))
+            if kind == "execute":
+                value = self._admit(GPUResult(value, owner=self, name=call.name, run=call.run, lineage=lineage,
+                                              engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes,
+                                              rank_bytes=reading.bytes_per_rank, fused=call.fused))
+        except BaseException:
+            if kind == "execute" and not isinstance(value, GPUResult):  # made, but no handle holds it
+                value.release()
+            raise
         return value, plans, reading.memory, input_reads(claimed, plans[0])
 
     def _finished(self, out: tuple) -> Any:

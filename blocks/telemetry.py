@@ -1,13 +1,16 @@
 """
 What an engine session tells Prefect: events, log lines, and one summary artifact.
 
-Events are sent with :func:`prefect.events.emit_event` where things happen,
-mostly on the task's thread. Prefect's ``EventsWorker`` queues each one and
-sends it from its own thread; it captures the caller's context when the event
-is queued and attaches the flow run, task run, flow, deployment and tags from
-it (``prefect/events/worker.py``, Prefect 3.9.1), so an event sent on a task's
-thread needs no related resources of ours. Events sent after the flow run's
-context is gone (a task runner's session end) name the flow run explicitly.
+Events and log lines are queued where things happen, mostly on the task's
+thread, with a copy of the caller's context: the caller only queues. One
+queue (:mod:`~prefect_cudf_polars.blocks.send_queue`, on a thread of its
+own) makes each in order and hands it to
+Prefect: :func:`prefect.events.emit_event` in the caller's context, so
+Prefect's ``EventsWorker`` attaches the flow run, task run, flow, deployment
+and tags from it (``prefect/events/worker.py``, Prefect 3.9.1) and an event
+sent from a task needs no related resources of ours. Events sent after the
+flow run's context is gone (a task runner's session end) name the flow run
+explicitly. The session's end waits until the queue has handed everything on.
 
 Event names (resource ``prefect-cudf-polars.engine-session.<id>`` or
 ``prefect-cudf-polars.result.<id>``):
@@ -48,13 +51,14 @@ are logged.
 
 from __future__ import annotations
 
-import contextvars
+import datetime
+import functools
 import inspect
 import logging
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prefect.context import FlowRunContext, TaskRunContext
@@ -64,6 +68,7 @@ from prefect_cudf_polars.blocks.active import PROVIDER
 from prefect_cudf_polars.blocks.backends.compat import send_run_log, without_prefect_run_context
 from prefect_cudf_polars.blocks.errors import WAIT_FOR_SERVED
 from prefect_cudf_polars.blocks.memory import on_engine, read_by
+from prefect_cudf_polars.blocks.send_queue import send_later, wait_sent
 
 #: Prefect's ``prefect.prefect_cudf_polars`` logger: lines that belong to no flow run (console only).
 logger = get_logger("prefect_cudf_polars")
@@ -77,6 +82,8 @@ RESULT_MOVED = "prefect_cudf_polars.result.moved"
 
 #: Most characters of a plan in an event or an artifact.
 PLAN_LIMIT = 8_000
+#: Seconds a session's end waits for its queued events and log lines to be handed to Prefect.
+SEND_WAIT_S = 10.0
 #: Most results listed in the summary artifact (the first ones produced; each has its ``result.created`` event).
 SUMMARY_RESULTS = 500
 
@@ -107,14 +114,20 @@ def run_resources(flow_run_id: Any = None, task_run_id: Any = None, *, role: str
             for kind, run_id, run_role in runs if run_id is not None]
 
 
-def run_line(log: tuple[Any, Any] | None, msg: str) -> None:
-    """One INFO line on a run's log in the Prefect UI (``log``: its flow run and task run ids), not on the console;
-    never raises."""
-    try:
-        if log is not None:
-            send_run_log(*log, msg)
-    except Exception as exc:
-        logger.warning("Could not write %r to its run's log: %s", msg, exc)
+def run_line(log: tuple[Any, Any] | None, msg: str | Callable[[], str]) -> None:
+    """One INFO line on a run's log in the Prefect UI (``log``: its flow run and task run ids), not on the console,
+    sent off the caller's path (``msg`` may be a callable that makes it there); never raises."""
+    at = datetime.datetime.now(datetime.timezone.utc)
+
+    def send() -> None:
+        text = msg if isinstance(msg, str) else msg()
+        try:
+            send_run_log(*log, text, at)
+        except Exception as exc:
+            logger.warning("Could not write %r to its run's log: %s", text, exc)
+
+    if log is not None:
+        send_later(send)
 
 
 def format_bytes(value: int | None) -> str:
@@ -264,9 +277,11 @@ class SessionTelemetry:
                     "prefect.resource.name": f"cudf-polars engine ({self.backend})", "backend": str(self.backend)}
         self._emit(event, resource, payload, run_resources(getattr(self.flow_run, "id", None)))
 
-    def _emit(self, event: str, resource: dict[str, str], payload: dict[str, Any], related: list[dict[str, str]]) -> None:
+    def _emit(self, event: str, resource: dict[str, str], payload: dict[str, Any] | Callable[[], dict[str, Any]],
+              related: list[dict[str, str]]) -> None:
         """
-        Send one event with :func:`prefect.events.emit_event` (Prefect queues it), unless muted; never raises.
+        Queue one event for :func:`prefect.events.emit_event` (``payload``: its payload, or a callable making it off
+        the caller's path), unless muted; never raises.
 
         Outside any run context (a task runner's session end, the engine's owner
         thread) the event carries only the runs it names itself
@@ -277,16 +292,19 @@ class SessionTelemetry:
         """
         from prefect.events import emit_event
 
+        occurred = datetime.datetime.now(datetime.timezone.utc)  # when it happened, not when it is sent
+
         def send() -> None:
             PROVIDER.set(None)  # the copy of this context Prefect keeps with the event holds no session
-            emit_event(event=event, resource=resource, related=related, payload=payload)
+            try:
+                emit_event(event=event, resource=resource, related=related, occurred=occurred,
+                           payload=payload() if callable(payload) else payload)
+            except Exception as exc:  # an API that is down must not fail a query
+                logger.warning("Could not emit Prefect event %s: %s", event, exc)
 
-        try:
-            if not self.muted:
-                outside_runs = FlowRunContext.get() is None and TaskRunContext.get() is None
-                (without_prefect_run_context if outside_runs else contextvars.copy_context().run)(send)
-        except Exception as exc:  # an API that is down must not fail a query
-            logger.warning("Could not emit Prefect event %s: %s", event, exc)
+        if not self.muted:
+            outside_runs = FlowRunContext.get() is None and TaskRunContext.get() is None
+            send_later(functools.partial(without_prefect_run_context, send) if outside_runs else send)
 
     def started(self, description: dict[str, Any], start_seconds: float, fallback_warning: str | None) -> None:
         """The session's first use inside its flow run: the start line, ``engine.started``."""
@@ -313,7 +331,6 @@ class SessionTelemetry:
         optimized plan the engine ran (the artifact's, when asked for); ``reads``,
         per input result the query read, its name, id, reads in the plan and bytes per read.
         """
-        plan = _limited(plan or "(the same plan as the result it was split from)")
         task_run = getattr(TaskRunContext.get(), "task_run", None)
         flow_run_id = task_run.flow_run_id if task_run is not None else getattr(self.flow_run, "id", None)
         log = None if self.muted else (flow_run_id, getattr(task_run, "id", None))  # the producer's run log
@@ -324,13 +341,15 @@ class SessionTelemetry:
             if len(self._results) < SUMMARY_RESULTS:
                 self._results[result.id] = {**facts, "state": "live", "log": log, "by": by,
                                             "producer": result.produced_by_task_run_id}
-        run_line(log, f"cudf-polars deferred step {result.name!r}: nothing ran; its plan runs fused into the engine "
-                 "call of the task run that reads it" if result.deferred else f"cudf-polars result {result.name!r}: "
-                 f"{result.rows} rows, {format_bytes(result.bytes)}, {result.partitions} partition(s) on the engine "
-                 f"({result.backend}); engine call {result.engine_seconds:.3f} s")
-        self._result_event(RESULT_CREATED, result, None, None, **facts, backend=result.backend, ranks=list(result.ranks),
-                           schema={k: str(v) for k, v in result.schema.items()}, memory_in_use_bytes=memory, plan=plan,
-                           fused_steps=[step._asdict() for step in result.fused], inputs_read=reads)
+        run_line(log, lambda: f"cudf-polars deferred step {result.name!r}: nothing ran; its plan runs fused into the "
+                 "engine call of the task run that reads it" if result.deferred else f"cudf-polars result "
+                 f"{result.name!r}: {result.rows} rows, {format_bytes(result.bytes)}, {result.partitions} partition(s) "
+                 f"on the engine ({result.backend}); engine call {result.engine_seconds:.3f} s")
+        self._result_event(RESULT_CREATED, result, None, None, lambda: {
+            **facts, "backend": result.backend, "ranks": list(result.ranks), "memory_in_use_bytes": memory,
+            "schema": {k: str(v) for k, v in result.schema.items()}, "inputs_read": reads,
+            "plan": _limited(plan or "(the same plan as the result it was split from)"),
+            "fused_steps": [step._asdict() for step in result.fused]})
         if self.result_artifacts and not self.muted and result.produced_by_task_run_id is not None:
             from prefect.artifacts import create_markdown_artifact
 
@@ -341,14 +360,17 @@ class SessionTelemetry:
             except Exception as exc:
                 logger.warning("Could not write the artifact of GPU result %r: %s", result.name, exc)
 
-    def _result_event(self, event: str, result: Any, state: str | None, role: str | None, **payload: Any) -> dict:
-        """Send ``event`` about ``result``, relating its producer as ``role`` (``None``: the context's runs); its summary row."""
+    def _result_event(self, event: str, result: Any, state: str | None, role: str | None,
+                      make: Callable[[], dict[str, Any]] | None = None, **payload: Any) -> dict:
+        """Send ``event`` about ``result``, relating its producer as ``role`` (``None``: the context's runs); its summary
+        row. ``make`` adds payload fields, made off the caller's path."""
         row = self._results.get(result.id, {})
         row["state"] = state or row.get("state")
         flow_run_id = getattr(self.flow_run, "id", None) if role == "task-run" else None  # else the context names it
         self._emit(event, {"prefect.resource.id": f"prefect-cudf-polars.result.{result.id}", "prefect.resource.name":
                            result.name, "backend": result.backend, "session-id": result.session_id},
-                   {"name": result.name, **payload}, run_resources(flow_run_id, row.get("producer"), role=role) if role else [])
+                   lambda: {"name": result.name, **payload, **(make() if make else {})},
+                   run_resources(flow_run_id, row.get("producer"), role=role) if role else [])
         return row
 
     def result_consumed(self, result: Any) -> None:
@@ -420,3 +442,6 @@ class SessionTelemetry:
                 logger.warning("Could not write the summary artifact of engine session %s: %s", self.session_id, exc)
         self._session_event(ENGINE_STOPPED, {**summary, "unread_held_at_end": unread[1]})
         self._results = {}
+        if not self.muted and not wait_sent(SEND_WAIT_S):
+            logger.warning("cudf-polars engine session %s: its events and log lines were still queued after %g s; they "
+                           "are sent in the background.", self.session_id, SEND_WAIT_S)

@@ -6,7 +6,7 @@ The one engine-call protocol: every task that calls the engine runs its call thr
 their query inside it. The protocol, in order:
 
 1. **Walk the arguments once** (Prefect's ``visit_collection``, through
-   :func:`~prefect_cudf_polars.blocks.results.replace_results`). Each
+   :func:`~prefect_cudf_polars.blocks.arguments.replace_results`). Each
    :class:`~prefect_cudf_polars.blocks.GPUResult` met is refused if it was
    released (before the session is looked up, so a result read after its flow
    run ended is reported as released), or if another session produced it, or
@@ -116,7 +116,9 @@ class EngineCall:
     def __enter__(self) -> EngineCall:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None and self.result is not None and self.result.state == "live":
+            self.result.release()  # made, but never returned (a timeout between the engine call and the return)
         self.finish()
 
     def execute(self, lf: Any, *, name: str, lineage: Lineage | None = None, defer: bool = False, step: Any = None,

@@ -185,7 +185,7 @@ def without_prefect_run_context(fn: Callable[[], Any]) -> Any:
     return contextvars.copy_context().run(call)
 
 
-def send_run_log(flow_run_id: Any, task_run_id: Any, message: str) -> None:
+def send_run_log(flow_run_id: Any, task_run_id: Any, message: str, at: datetime.datetime | None = None) -> None:
     """
     Queue one INFO line for a run's log in the Prefect UI, as Prefect's ``APILogHandler`` does, without the console.
 
@@ -193,7 +193,7 @@ def send_run_log(flow_run_id: Any, task_run_id: Any, message: str) -> None:
     ``prepare`` builds (JSON values) and queues it for the ``APILogWorker``, which sends it in batches
     from its own thread; logging through a run logger would cost the caller about four times as much
     (the console handler, pydantic's ``LogCreate``). Nothing is sent without a flow run id or with
-    ``PREFECT_LOGGING_TO_API_ENABLED`` off.
+    ``PREFECT_LOGGING_TO_API_ENABLED`` off. ``at``: the line's time (default now).
     """
     from prefect.logging.handlers import emit_api_log
     from prefect.settings import PREFECT_LOGGING_TO_API_ENABLED
@@ -201,7 +201,7 @@ def send_run_log(flow_run_id: Any, task_run_id: Any, message: str) -> None:
     if flow_run_id is None or not PREFECT_LOGGING_TO_API_ENABLED.value():
         return
     emit_api_log({"name": "prefect.task_runs" if task_run_id else "prefect.flow_runs", "level": logging.INFO,
-                  "message": message, "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  "message": message, "timestamp": (at or datetime.datetime.now(datetime.timezone.utc)).isoformat(),
                   "flow_run_id": str(flow_run_id), "task_run_id": str(task_run_id) if task_run_id else None})
 
 

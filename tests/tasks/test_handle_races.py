@@ -7,8 +7,9 @@ meet inside the handle's transitions:
 * threads of one task run attempt (each in a copy of the task's context, as a thread pool
   that keeps Prefect's context does) that claim one result at once share that attempt's
   claim: one frame, the right rows, no error;
-* a ``release()`` racing a claim gives either the right rows or ``ResultReleasedError``,
-  and afterwards the handle holds nothing;
+* a ``release()`` racing a claim gives either the right rows (the result then stays
+  ``"consumed"``) or ``ResultReleasedError`` (``"released"``), and afterwards the handle
+  holds nothing;
 * a session's end racing a claim leaves a handle that keeps nothing of the engine alive.
 
 Threads switch every microsecond here, so they interleave inside the handle's calls.
@@ -91,6 +92,7 @@ def test_a_release_racing_a_claim_gives_the_rows_or_result_released_error_and_th
             outcomes.append((kind, value if kind == "value" else (type(value), str(value))))
             del value  # a caught error's traceback keeps the query's frame
             assert released == ("value", None)
+            assert r.state == ("consumed" if kind == "value" else "released"), (kind, r.state)  # what happened to it
             assert not r.holding and r.persisted is None
             with pytest.raises(GPUResultError, match="was released|already consumed"):
                 r.lazy()  # nothing of the engine is reachable through it any more
@@ -100,6 +102,27 @@ def test_a_release_racing_a_claim_gives_the_rows_or_result_released_error_and_th
         assert session.live_results == ()
     for kind, value in outcomes:
         assert value == expected if kind == "value" else (value[0] is ResultReleasedError and "was released" in value[1])
+
+
+def test_a_release_while_a_query_reads_the_result_leaves_it_consumed_and_the_query_gets_its_rows(orders):
+    reading, go_on = threading.Event(), threading.Event()
+
+    def held(ids: pl.Series) -> pl.Series:  # runs inside the engine call: the query has read the frame
+        reading.set()
+        go_on.wait(timeout=30)
+        return ids
+
+    with CudfPolarsEngine(backend="cpu", raise_on_fail=False).session() as session:  # a Python UDF: polars runs it
+        r = session.execute(pl.scan_parquet(orders), name="read")
+        query = lambda: session.collect(r.lazy().with_columns(pl.col("id").map_batches(held, return_dtype=pl.Int64)))  # noqa: E731
+        with ThreadPoolExecutor(1) as pool:
+            rows = pool.submit(contextvars.copy_context().run, query)
+            assert reading.wait(timeout=30)
+            r.release()
+            go_on.set()
+            assert rows.result(timeout=60).height == pl.read_parquet(orders).height
+        assert r.state == "consumed" and not r.holding
+        assert session.counts["consumed"] == 1 and session.counts["released_unconsumed"] == 0
 
 
 def test_a_session_end_racing_a_claim_leaves_a_handle_that_keeps_nothing_of_the_engine(orders):
