@@ -14,6 +14,9 @@
 #   many-tasks     TASKS tiny gpu_tasks vs plain tasks per flow run, cpu backend,
 #                  TASK_RUNS flow runs of each, and their profile          -> OUT/many-tasks
 #   session-start  the session's start, ours vs cudf-polars'               -> OUT/session-start
+#   spill          held results moved out of device memory and back, pinned vs host
+#                  frame, SPILL_SIZES GB, and tee's device copy of SF's lineitem
+#                  (python -m benchmarks.spill; not in the default steps)   -> OUT/spill
 #   report         every OUT/*/results.json merged into OUT/results.json, results.md
 #                  and chart.png; prints the summary tables last
 # A run split over several commands or machines: copy each step folder under one OUT
@@ -27,6 +30,7 @@
 #   OVERHEAD_CALLS  (f) calls per timer (default 300); TASKS (200) and TASK_RUNS (5) for many-tasks
 #   WARMUPS      untimed warm-up rounds before them (default 1)
 #   PIPELINES    comma-separated subset (default all three); BACKEND (default spmd)
+#   SPILL_SIZES  GB of the spill step's results (default 1,2,4,8); SPILL_RUNS its rounds (5)
 #   STEP_TIMEOUT seconds per step (default 570); each step's --budget-s is 60 s less
 set -uo pipefail
 if [ $# -lt 2 ]; then
@@ -51,6 +55,8 @@ TASKS=${TASKS:-200}
 TASK_RUNS=${TASK_RUNS:-5}
 BACKEND=${BACKEND:-spmd}
 STEP_TIMEOUT=${STEP_TIMEOUT:-570}
+SPILL_SIZES=${SPILL_SIZES:-1,2,4,8}
+SPILL_RUNS=${SPILL_RUNS:-5}
 BUDGET=$((STEP_TIMEOUT - 60))
 PIPELINE_ARGS=()
 [ -n "${PIPELINES:-}" ] && PIPELINE_ARGS=(--pipelines "$PIPELINES")
@@ -93,6 +99,17 @@ for step in "${STEPS[@]}"; do
     roundtrips) bench roundtrips "${VARIANT_ARGS[@]}" --variants d ;;
     many-tasks) bench many-tasks --many-tasks --tasks "$TASKS" --runs "$TASK_RUNS" --profile ;;
     session-start) bench session-start --session-start --runs "$START_RUNS" ;;
+    spill)  # its own module: held results out of device memory and back by both routes, tee's device copies
+      mkdir -p "$OUT/spill"
+      lineitem="$DATA_DIR/sf$SF/lineitem.parquet"
+      [ -f "$lineitem" ] || lineitem=""
+      echo "== spill: python -m benchmarks.spill --sizes $SPILL_SIZES --runs $SPILL_RUNS ${lineitem:+--lineitem $lineitem}" \
+        | tee "$OUT/spill/command.txt"
+      timeout "$STEP_TIMEOUT" "$PY" -m benchmarks.spill --sizes "$SPILL_SIZES" --runs "$SPILL_RUNS" \
+        ${lineitem:+--lineitem "$lineitem"} --out "$OUT/spill" >"$OUT/spill/log.txt" 2>&1 \
+        || { tail -15 "$OUT/spill/log.txt"; rc=1; }
+      cat "$OUT/spill/spill.md" 2>/dev/null
+      ;;
     report)
       parts=()
       for dir in "$OUT"/*/; do [ -f "$dir/results.json" ] && parts+=("${dir%/}"); done
@@ -103,7 +120,7 @@ for step in "${STEPS[@]}"; do
         "$PY" -m benchmarks --merge "${parts[@]}" --out "$OUT" || rc=1
       fi
       ;;
-    *) echo "unknown step $step (core, peer, roundtrips, many-tasks, session-start, report)"; exit 2 ;;
+    *) echo "unknown step $step (core, peer, roundtrips, many-tasks, session-start, spill, report)"; exit 2 ;;
   esac
 done
 exit $rc

@@ -45,11 +45,11 @@ an upper one provides. Bottom to top:
     the one walk of a task's arguments; how a result is produced again.
 ``memory``, ``result_book``
     Held results within ``device_memory_limit``; a session's results and their counts.
-``engine``, ``engine_call``, ``send_queue``, ``telemetry``, ``nesting``, ``exits``
+``engine``, ``engine_call``, ``send_queue``, ``artifact_text``, ``telemetry``, ``nesting``, ``exits``
     The engine host (owner thread and exit stack); one engine call, waited for
     by a thread or a coroutine; the queue that sends events and log lines off
-    the caller's path; what Prefect is told; which subflows share an engine;
-    sessions open at interpreter exit.
+    the caller's path; the text of the artifacts; what Prefect is told; which
+    subflows share an engine; sessions open at interpreter exit.
 ``session_calls``, ``session``
     The session's engine calls; :class:`EngineSession`.
 ``task_runner``

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prefect_cudf_polars.blocks.admission import Admission, Log, admitted
 from prefect_cudf_polars.blocks.backends.choice import gpus_used, start_backend
 from prefect_cudf_polars.blocks.backends.environment import environment
-from prefect_cudf_polars.blocks.backends.probe import memory_total
+from prefect_cudf_polars.blocks.backends.probe import host_memory_per_gpu, memory_total
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.memory import MemoryLedger
 
@@ -170,7 +170,8 @@ class EngineHost:
         self.running = start_backend(backend, block, self._stack, limit)
         self.start_seconds = time.perf_counter() - started
         self.description = self.running.describe()
-        self.ledger.start(block.spill_results, limit, int(self.description.get("ranks") or 1))
+        self.ledger.start(block.spill_results, limit, int(self.description.get("ranks") or 1),
+                          block.host_spill_limit_bytes(host_memory_per_gpu(backend)))
         self.at_start = self.running.read()
 
     def _wanted(self) -> bool:

@@ -207,6 +207,10 @@ class CudfPolarsEngine(Block, EngineOptions):
     spill_results: Literal["off", "host"] = Field(
         default="off", description="off: an engine call that held results leave no room for fails, naming them; "
         "host: the least recently produced unread results move to host memory until it fits.")
+    host_spill_limit: int | str = Field(
+        default="50%", description="Host memory the results moved out of device memory may hold (spill_results="
+        '"host"): bytes, or a percentage of the host memory per GPU ("50%"). On spmd they move into one pool of '
+        "pinned memory per engine, which grows to this.")
     admission_limit: str | None = Field(
         default=None, description="Prefect global concurrency limit whose slots are GiB of device memory: a flow "
         "run occupies ceil(device_memory_limit / GiB) slots per GPU while its engine runs. Needs device_memory_limit.")
@@ -232,17 +236,19 @@ class CudfPolarsEngine(Block, EngineOptions):
                                  f"CudfPolarsEngine's fields are: {', '.join(cls.model_fields)}")
         return values
 
-    @field_validator("spill_device_limit", "device_memory_limit", mode="plain", json_schema_input_type=_MemoryAmount)
+    @field_validator("spill_device_limit", "device_memory_limit", "host_spill_limit", mode="plain",
+                     json_schema_input_type=_MemoryAmount)
     @classmethod
     def _check_limit(cls, value: Any, info: ValidationInfo) -> int | str | None:
         if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             return value
         if isinstance(value, str) and re.match(MEMORY_AMOUNT_PATTERN, value.strip()):
             return value.strip()
-        allowed = MEMORY_AMOUNT_RULE.format(of="GPU memory" if info.field_name == "spill_device_limit" else
-                                            "the GPU's memory (on the cpu backend, the machine's)")
+        of = {"spill_device_limit": "GPU memory", "host_spill_limit": "the host memory per GPU"}.get(
+            info.field_name, "the GPU's memory (on the cpu backend, the machine's)")
+        allowed = MEMORY_AMOUNT_RULE.format(of=of)
         if isinstance(value, float):
-            hint = f' (for a fraction of GPU memory write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
+            hint = f' (for a fraction of {of} write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
             raise ValueError(f"{info.field_name}={value!r} is a float, not {allowed}{hint}")
         raise ValueError(f"{info.field_name}={value!r} is not {allowed}")
 

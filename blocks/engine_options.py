@@ -72,7 +72,7 @@ class EngineOptions:
 
     Its methods read the block's fields (``raise_on_fail``, ``target_partition_size``,
     ``max_rows_per_partition``, ``spill_device_limit``, ``device_memory_resource``,
-    ``device_memory_pool_size``, ``executor_options``, ``device_memory_limit``) and
+    ``device_memory_pool_size``, ``executor_options``, ``device_memory_limit``, ``host_spill_limit``) and
     are called on the block: ``block.engine_kwargs(limit)``, ``block.local_cluster_kwargs()``.
     """
 
@@ -97,6 +97,18 @@ class EngineOptions:
             raise ValueError(f"device_memory_limit={value!r} is a percentage, but this machine's memory could not be "
                              "read; give the limit in bytes on the CudfPolarsEngine block.")
         return bytes_of(value, total or 0)
+
+    def host_spill_limit_bytes(self, host_total: int | None) -> int:
+        """
+        ``host_spill_limit`` in bytes: what results moved out of the engine may hold in host memory.
+
+        Parameters
+        ----------
+        host_total : int or None
+            Bytes a percentage is of: the host memory per GPU (the machine's divided by its GPUs; on ``cpu``, the
+            machine's). Unknown, a percentage counts as 0 bytes (no result moves out).
+        """
+        return bytes_of(self.host_spill_limit, host_total or 0)
 
     def memory_resource_config(self) -> dict[str, Any] | None:
         """

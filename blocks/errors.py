@@ -78,6 +78,7 @@ NEW_TARGET = "give a new {what}, or pass overwrite=True to delete what is there 
 READ_WITH_ITS_SERIALIZER = "read it with the serializer named in its result record"
 
 
+
 def invalid_fields(error: ValueError) -> str:
     """
     A pydantic ``ValidationError`` as one line: ``"field: what is wrong and what it allows; ..."``.
@@ -356,6 +357,13 @@ def consumed_message(what: str, by: str, how: str) -> str:
     return (f"{what} was already consumed by {by}: a GPU result is read once (cudf-polars moves its partitions "
             f"out on read). To give it to several tasks, {SPLIT_WITH_TEE}; or run the producing task again, or "
             "collect it once and reuse the host DataFrame.")
+
+
+def read_again_message(what: str | None = None) -> str:
+    """Why a query may not read a frame an earlier query read (``what``: the result, when known)."""
+    return (f"{what or 'The query reads a GPU result that'} was already read by an earlier query: a result is read by "
+            "one query (cudf-polars moves each partition out when it runs), which may read it several times (a "
+            f"self-join runs). To read one result in two queries, {SPLIT_WITH_TEE}; or run the producing task again.")
 
 
 def wrong_engine_message(what: str, producer: str, backend: str, produced_in: str | None, reader: Any) -> str:

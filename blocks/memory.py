@@ -65,14 +65,23 @@ SPILL_OFF_MESSAGE = ("This engine call cannot start within device_memory_limit={
                      "hold {held:,} bytes{on_rank}, over the held budget of {budget:,} bytes (the limit less the larger "
                      "of 20 % of it and the largest partition held, the query's working room). Held: {named}. Nothing "
                      f"has run and those results stay readable. To make room, {MAKE_ROOM}.")
+HOST_LIMIT_MESSAGE = ("This engine call cannot start within device_memory_limit={limit}: the unread results it does "
+                      "not read hold {held:,} bytes{on_rank}, over the held budget of {budget:,} bytes, and host memory "
+                      "cannot take them: results moved out already hold {host_held:,} bytes of host_spill_limit="
+                      "{host_limit:,} bytes. Held: {named}. Nothing has run. Raise host_spill_limit or "
+                      "device_memory_limit on the CudfPolarsEngine block, or read or release held results sooner.")
 HOST_FULL_MESSAGE = ("This engine call cannot start within device_memory_limit={limit}: with every unread result moved "
                      "to host memory, the inputs that unread deferred steps hold for their readers still take {held:,} "
                      "bytes{on_rank}, over the held budget of {budget:,} bytes. On the engine: {named}. Nothing has "
                      "run. Read those deferred results sooner, run their steps without defer=True, or raise "
                      "device_memory_limit on the CudfPolarsEngine block.")
 
-#: ``moved(result, way, seconds)``: tells Prefect of a move (``"out"`` to host memory with its seconds; ``"back"``).
-Moved = Callable[["GPUResult", str, "float | None"], None]
+#: ``moved(result, way, seconds, route)``: tells Prefect of a move (``"out"`` to host memory or ``"back"``, its
+#: seconds where the ledger timed it, and its route, :data:`PINNED` or :data:`HOST_FRAME`).
+Moved = Callable[["GPUResult", str, "float | None", str], None]
+#: The routes of a move: packed into pinned host memory and back into the engine's store in place
+#: (``spmd``), or collected to a host ``polars.DataFrame`` that the reading query scans (other backends).
+PINNED, HOST_FRAME = "pinned", "host frame"
 
 
 def held_budget(limit: int, largest_partition: int) -> int:
@@ -103,7 +112,12 @@ def on_engine(result: GPUResult) -> int:
 def held_by_rank(result: GPUResult) -> tuple[int, ...]:
     """Bytes ``result`` holds in the engine's memory now, by rank (empty once read or released, or in host memory)."""
     persisted = result.persisted
-    return () if persisted is None or isinstance(persisted, HostCopy) else result.rank_bytes
+    return () if persisted is None or persisted.moved_out else result.rank_bytes
+
+
+def in_host_memory(result: GPUResult) -> bool:
+    """Whether ``result`` is moved out of the engine's memory now (pinned memory or a host frame)."""
+    return result.persisted is not None and result.persisted.moved_out
 
 
 def read_by(claimed: Iterable[GPUResult]) -> dict[str, GPUResult]:
@@ -131,20 +145,16 @@ class HostCopy:
         The result's rows, collected from the engine.
     ranks : list of int
         The ranks that held it.
-    seconds : float
-        Seconds the move to host memory took.
-
-    Attributes
-    ----------
-    out_seconds : float
-        Seconds the move to host memory took.
     """
 
-    __slots__ = ("_frame", "out_seconds", "ranks", "schema")
+    __slots__ = ("_frame", "ranks", "schema")
 
-    def __init__(self, frame: pl.DataFrame, ranks: Sequence[int], seconds: float) -> None:
+    #: Always in host memory.
+    moved_out = True
+
+    def __init__(self, frame: pl.DataFrame, ranks: Sequence[int]) -> None:
         self._frame: pl.DataFrame | None = frame
-        self.schema, self.ranks, self.out_seconds = frame.schema, list(ranks), seconds
+        self.schema, self.ranks = frame.schema, list(ranks)
 
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame over the host rows (the engine copies them back as the reading query runs)."""
@@ -185,15 +195,17 @@ class MemoryLedger:
     """
 
     def __init__(self) -> None:
-        self.spill, self.limit, self.ranks, self.peak_held = "off", None, 1, 0
-        self.spills: dict[str, Any] = {"results": 0, "bytes": 0, "out_seconds": 0.0, "back": 0, "back_bytes": 0}
+        self.spill, self.limit, self.ranks, self.peak_held, self.host_limit = "off", None, 1, 0, 0
+        self.spills: dict[str, Any] = {"results": 0, "bytes": 0, "out_seconds": 0.0, "back": 0, "back_bytes": 0,
+                                       "back_seconds": 0.0, "routes": {}}
         self._held: dict[str, weakref.ref[GPUResult]] = {}  # in the order produced
         self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
 
-    def start(self, spill: str, limit: int | None, ranks: int) -> None:
-        """The engine started: the block's ``spill_results``, its limit in bytes per rank (``None``: none), its ranks."""
-        self.spill, self.limit, self.ranks = spill, limit, max(ranks, 1)
+    def start(self, spill: str, limit: int | None, ranks: int, host_limit: int = 0) -> None:
+        """The engine started: the block's ``spill_results``, its limit in bytes per rank (``None``: none), its ranks,
+        and ``host_spill_limit`` in bytes (what moved results may hold in host memory)."""
+        self.spill, self.limit, self.ranks, self.host_limit = spill, limit, max(ranks, 1), host_limit
 
     def add(self, fresh: GPUResult, moved: Moved, running: RunningEngine) -> None:
         """
@@ -255,7 +267,7 @@ class MemoryLedger:
         """
         if self.limit is None:
             return []
-        coming = [r for r in read.values() if isinstance(r.persisted, HostCopy)]
+        coming = [r for r in read.values() if in_host_memory(r)]
         while True:
             results = self._results()
             live = [r for r in results if r.state == "live"]
@@ -266,57 +278,84 @@ class MemoryLedger:
             over = over_budget(self.limit, self._by_rank(others), largest)
             if not over:
                 return coming
-            ranks = {rank for rank, _, _ in over}
+            ranks, room = {rank for rank, _, _ in over}, self.host_limit - self.host_held(results)
             movable = [r for r in live if r.id not in read and not r.deferred and r is not keep
                        and any(size and rank in ranks for rank, size in enumerate(held_by_rank(r)))]
-            if self.spill != "host" or not movable:
+            fits = [r for r in movable if (r.bytes or 0) <= room]
+            if self.spill != "host" or not fits:
                 break
-            self._move_out(movable[0], running)  # the least recently produced
+            self._move_out(fits[0], running)  # the least recently produced that host memory can take
         if refuse:
-            raise DeviceMemoryError(self._refusal(others, over[0], results))
+            raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
         return coming
 
-    def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult]) -> str:
+    def host_held(self, results: Iterable[GPUResult] | None = None) -> int:
+        """Bytes the results moved out of the engine hold in host memory (of ``results``; default: all held)."""
+        return sum(r.bytes or 0 for r in (self._results() if results is None else results) if in_host_memory(r))
+
+    def bring_back(self, coming: Sequence[GPUResult], running: RunningEngine) -> None:
+        """Before the engine call that reads ``coming`` (:meth:`make_room`'s) runs: put the pinned ones back into the
+        engine's store, where their frames read them (host frames are read by the query itself)."""
+        for result in coming:
+            if not isinstance(persisted := result.persisted, HostCopy) and persisted is not None:
+                started = time.perf_counter()
+                running.move_back(persisted)
+                self._count(result, "back", time.perf_counter() - started, PINNED)
+
+    def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult], *,
+                 host_full: bool) -> str:
         rank, held, budget = over
         on_rank = [r for r in others if len(held_by_rank(r)) > rank and held_by_rank(r)[rank]]
         named = ", ".join(f"{r.name!r} ({held_by_rank(r)[rank]:,} bytes, from {r.produced_by})" for r in on_rank[:20])
         limit = f"{self.limit:,} bytes" + (f" on each of {self.ranks} ranks" if self.ranks > 1 else "")
-        template = SPILL_OFF_MESSAGE if self.spill != "host" else HOST_FULL_MESSAGE
+        template = SPILL_OFF_MESSAGE if self.spill != "host" else HOST_LIMIT_MESSAGE if host_full else HOST_FULL_MESSAGE
         return template.format(limit=limit, held=held, on_rank=f" on rank {rank}" if self.ranks > 1 else "", budget=budget,
-                               named=named + (" ..." if len(on_rank) > 20 else ""))
+                               named=named + (" ..." if len(on_rank) > 20 else ""), host_limit=self.host_limit,
+                               host_held=self.host_held(results))
 
     def read_back(self, coming: Sequence[GPUResult]) -> None:
-        """After an engine call that ended without an error: ``coming`` (:meth:`make_room`'s) were read back."""
+        """After an engine call that ended without an error: the host frames of ``coming`` (:meth:`make_room`'s) were
+        read back by its query (their seconds are in its engine seconds)."""
         for result in coming:
-            self._count(result, "back", None)
+            if isinstance(result.persisted, HostCopy) or result.persisted is None:
+                self._count(result, "back", None, HOST_FRAME)
 
     def _move_out(self, result: GPUResult, running: RunningEngine) -> None:
-        def out(persisted: PersistedResult) -> HostCopy | None:  # under the result's lock: no claim meanwhile
-            if isinstance(persisted, HostCopy):
-                return None  # in host memory, or back and read
-            started = time.perf_counter()
+        route: list[str] = []
+
+        def out(persisted: PersistedResult) -> PersistedResult | None:  # under the result's lock: no claim meanwhile
+            if persisted.moved_out:
+                return None
+            if running.move_out(persisted):  # packed into pinned memory in place: the handle's frames stay valid
+                route.append(PINNED)
+                return persisted
             try:
                 frame = running.collect(persisted.lazy(), pl.QueryOptFlags())
             except Exception as exc:
                 raise_engine_error(exc)
             persisted.release()  # what the read left
-            return HostCopy(frame, persisted.ranks, time.perf_counter() - started)
+            route.append(HOST_FRAME)
+            return HostCopy(frame, persisted.ranks)
 
+        started = time.perf_counter()
         try:
-            copy = result.move(out)
+            moved = result.move(out)
         except BaseException:  # the move failed or was interrupted: the rows may have left the engine unkept
             result.release()  # a reader is told it was released, not a misleading second-read error
             raise
-        if copy is not None:
-            self._count(result, "out", copy.out_seconds)
+        if moved is not None:
+            self._count(result, "out", time.perf_counter() - started, route[0])
 
-    def _count(self, result: GPUResult, way: str, seconds: float | None) -> None:
+    def _count(self, result: GPUResult, way: str, seconds: float | None, route: str) -> None:
+        out = way == "out"
         with self._lock:
-            self.spills["results" if way == "out" else "back"] += 1
-            self.spills["bytes" if way == "out" else "back_bytes"] += result.bytes or 0
-            self.spills["out_seconds"] += seconds or 0.0
+            self.spills["results" if out else "back"] += 1
+            self.spills["bytes" if out else "back_bytes"] += result.bytes or 0
+            self.spills["out_seconds" if out else "back_seconds"] += seconds or 0.0
+            routes = self.spills["routes"]
+            routes[route] = routes.get(route, 0) + out
         if (moved := self._moved.get(result)) is not None:
-            moved(result, way, seconds)
+            moved(result, way, seconds, route)
 
     def summary(self) -> dict[str, Any]:
         """``limit`` (bytes per rank), ``ranks``, ``peak_held`` (bytes on one rank), ``spill_results`` and ``spills``."""

@@ -14,6 +14,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends.plans import cache_uses
+from prefect_cudf_polars.blocks.memory import HostCopy
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.results import GPUResult
@@ -34,6 +35,8 @@ class ResultBook:
         self._live: dict[str, GPUResult] = {}  # unread, in the order produced
         self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
         self._by_cache: weakref.WeakValueDictionary[str, GPUResult] = weakref.WeakValueDictionary()
+        self._framed: weakref.WeakSet[GPUResult] = weakref.WeakSet()  # claimed with a frame no query read yet
+        self._host_framed: weakref.WeakSet[GPUResult] = weakref.WeakSet()  # claimed with a host frame (re-readable)
         self._counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
         self.open = True
 
@@ -59,7 +62,17 @@ class ResultBook:
             self._counts[count] += live
             if count == "consumed" and result.cache_id is not None:
                 self._by_cache[result.cache_id] = result
+                self._framed.add(result)
+                if isinstance(result.persisted, HostCopy):  # polars could scan its frame twice: look every time
+                    self._host_framed.add(result)
         return live
+
+    def frames_out(self) -> bool:
+        """Whether a plan may read a frame of this session's results: one was claimed and no query has read it
+        yet, or one reads rows in host memory (which a second query could scan again). Other plans need no look."""
+        with self._lock:
+            self._framed = weakref.WeakSet(r for r in self._framed if r.frame_out)
+            return bool(self._framed) or bool(self._host_framed)
 
     def scanned(self, plan: str) -> list[GPUResult]:
         """The results whose claimed frames a logical plan scans (by the ids of their caches)."""

@@ -169,6 +169,11 @@ class GPUResult:
         return claim is not None and claim.run_id == run.run_id  # outside any run, each thread is its own run
 
     @property
+    def frame_out(self) -> bool:
+        """Whether a claim built its frame and no query has read it yet (nor was it freed)."""
+        return self._frame is not None
+
+    @property
     def deferred_step(self) -> FusedStep | None:
         """For a deferred result, its own step (name and the task run that deferred it); ``None`` otherwise."""
         return self.fused[-1] if self.deferred and self.fused else None
@@ -254,9 +259,9 @@ class GPUResult:
             if self._state == "consumed" and self._frame is not None:
                 self._frame = None  # read by this query: no other query, and no release, takes it now
                 return
-            refusal = self._refusal(run, None)
-        assert refusal is not None  # released, or consumed with its frame read (a live result has no frame)
-        raise refusal
+            refusal = self._refusal(run, None) if self._state == "released" else None
+        raise refusal or errors.ResultConsumedError(errors.read_again_message(f"GPUResult {self.name!r} (id {self.id})"),
+                                                    consumer=self.consumed_by, result_id=self.id, result_name=self.name)
 
     # ---- claiming ----------------------------------------------------------------
     def lazy(self) -> pl.LazyFrame:
@@ -354,6 +359,17 @@ class GPUResult:
             self._persisted = self._persisted if moved is None else moved
             return moved
 
+    def drop_partitions(self) -> None:
+        """On the engine's owner thread: let go of the partitions, the plan, the held inputs and the frame (under the
+        lock), and free them now; the state stays."""
+        with self._lock:
+            persisted, held = self._persisted, self._held
+            self._persisted, self._held, self._plan, self._frame = None, (), None, None
+        if persisted is not None:
+            persisted.release()
+        for result in held:
+            result.drop_partitions()
+
     def end(self, tombstone: EndedSession, *, drop: bool) -> None:
         """
         The session's end: point at ``tombstone`` (what is left of the session); a live result is released.
@@ -412,10 +428,10 @@ def claimed_by(results: Sequence[GPUResult], run: RunIdentity) -> list[GPUResult
 
 
 def release_partitions(results: Sequence[GPUResult]) -> None:
-    """Free the partitions ``results`` still hold, on the engine's thread; their handles keep their states."""
+    """On the engine's thread, at their session's end: free what ``results`` still hold; their handles keep their
+    states and hold nothing after it."""
     for result in results:
-        if result.persisted is not None:
-            result.persisted.release()
+        result.drop_partitions()
 
 
 def stable_transform(result: GPUResult) -> dict[str, str]:

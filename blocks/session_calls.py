@@ -13,6 +13,7 @@ which holds the state it uses.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.backends.plans import input_reads, prepare_result
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan
 from prefect_cudf_polars.blocks.engine import EngineHost, call_environment
@@ -153,12 +155,17 @@ class EngineCalls:
             host = self._check_open()
             running, ledger = host.engine, host.ledger
             with call_environment(running, environment):
-                flags, plans = prepare_result(lf, optimized=kind == "execute" and self.block.result_artifacts)
-                scanned = self._book.scanned(plans[0])
+                artifact = kind == "execute" and self.block.result_artifacts
+                if claimed or artifact or self._book.frames_out():  # the plan may read a frame: look
+                    flags, plans = prepare_result(lf, optimized=artifact)
+                    scanned = self._book.scanned(plans[0])
+                else:  # it reads no frame of ours: polars' defaults; the event's plan is made off this thread
+                    flags, plans = pl.QueryOptFlags(), (functools.partial(lf.explain, optimized=False), None)
                 for result in {*claimed, *scanned}:  # a frame an earlier query read, or a released one, is refused
                     result.check_scan(call.run)
                 call.planned = True
                 coming = ledger.make_room(read_by(claimed), running)
+                ledger.bring_back(coming, running)
                 started = time.perf_counter()
                 value = getattr(running, kind)(lf, flags)
                 seconds = time.perf_counter() - started
@@ -178,7 +185,7 @@ class EngineCalls:
             if kind == "execute" and not isinstance(value, GPUResult):  # made, but no handle holds it
                 value.release()
             raise
-        return value, plans, reading.memory, input_reads(claimed, plans[0])
+        return value, plans, reading.memory, input_reads(claimed, plans[0]) if claimed else []
 
     def _finished(self, out: tuple) -> Any:
         """On the caller's side of an engine call: tell Prefect of the result it produced; its value."""
@@ -231,8 +238,9 @@ class EngineCalls:
         host, name, run = self._check_open(), name or "query", current_run()
         try:
             schema = lf.collect_schema()
-            flags, plans = prepare_result(lf, optimized=self.block.result_artifacts)
-            host.engine.check_plan(lf, flags)  # pure Python (the GPU-support check): on this thread
+            host.engine.check_plan(lf)  # pure Python (the GPU-support check, on cpu): on this thread
+            plans = prepare_result(lf, optimized=True)[1] if self.block.result_artifacts else (
+                functools.partial(lf.explain, optimized=False), None)  # the event's plan, made off this thread
         except Exception as exc:
             exc.add_note(f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
                          "and checks its plan before the task that reads it runs it.")
@@ -250,6 +258,49 @@ class EngineCalls:
                            rows=like.rows, bytes=like.bytes, rank_bytes=like.rank_bytes, fused=like.fused)
         self._telemetry.result_created(self.run(self._admit, result), None, None, None)
         return result
+
+    def copies(self, result: GPUResult, n: int) -> list[GPUResult] | None:
+        """
+        ``n`` live results holding device copies of ``result``'s partitions (``tee``), which it keeps; ``None`` where
+        none can be made so (a deferred result, one moved to host memory or no longer holding its partitions, or a
+        backend that cannot copy them): then produce them again from the lineage.
+
+        Each copy is a deep copy of every partition into a new slot of the engine's store, made on the owner
+        thread (no partition is shared by two queries), and is held in the ledger like a result a query made.
+
+        Raises
+        ------
+        SessionError
+            The session has ended.
+        """
+        run = current_run()
+
+        def on_owner() -> list[GPUResult] | None:
+            made: list[GPUResult] = []
+            try:
+                for _ in range(n):
+                    persisted = result.persisted
+                    if result.deferred or persisted is None or persisted.moved_out:
+                        return None
+                    try:
+                        copied = self._check_open().engine.copy(persisted)
+                    except (MemoryError, RuntimeError) as exc:  # out of device memory: said as DeviceMemoryError
+                        raise_engine_error(exc)
+                    if copied is None:
+                        return None
+                    made.append(self._admit(GPUResult(copied, owner=self, name=result.name, run=run,
+                                                      lineage=result.lineage, rows=result.rows, bytes=result.bytes,
+                                                      rank_bytes=result.rank_bytes, fused=result.fused)))
+            finally:
+                if len(made) < n:  # none, or a failure part way: keep none of them
+                    for copy in made:
+                        copy.release()
+            return made
+
+        made = self.run(on_owner)
+        for copy in made or ():
+            self._telemetry.result_created(copy, None, None, None)
+        return made
 
     def _admit(self, result: GPUResult) -> GPUResult:
         """Count ``result`` as produced and live here, and hold it in the host's ledger (on the owner thread for

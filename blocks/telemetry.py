@@ -35,16 +35,14 @@ Event names (resource ``prefect-cudf-polars.engine-session.<id>`` or
 
 The run that made a result (its task run's Logs tab) gets an INFO line then
 (rows, bytes, partitions, engine seconds) and each time it moves to host
-memory or back, through the run logger's own handlers only: Prefect 3.9.1's
-``APILogHandler`` queues it for a background batch (under 0.1 ms on the
-caller's thread), while its console handler (Rich) would add about 0.4 ms.
+memory or back (its route), for the API only: Prefect 3.9.1's API log worker
+sends it in a batch; its console handler (Rich) is left out.
 
 The flow run gets one markdown artifact at the session's end, keyed
 ``<flow-name>-cudf-polars-session``: the session's figures, two tables of its
-results and a list of those moved to host memory. Prefect 3.9.1's V1 UI does
-not wrap table cells and gives a table 708 px of a 1,280 px page: each table
-fits that for the main job. A result's own artifact on its task run (a
-synchronous API call each) is written only with the block's
+results and a list of those moved to host memory
+(:mod:`~prefect_cudf_polars.blocks.artifact_text`). A result's own artifact on
+its task run (a synchronous API call each) is written only with the block's
 ``result_artifacts``. Nothing here raises into a query or a teardown: failures
 are logged.
 """
@@ -57,14 +55,14 @@ import inspect
 import logging
 import re
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.logging.loggers import flow_run_logger, get_logger
 
 from prefect_cudf_polars.blocks.active import PROVIDER
+from prefect_cudf_polars.blocks.artifact_text import format_bytes, limited, result_markdown, summary_markdown
 from prefect_cudf_polars.blocks.backends.compat import send_run_log, without_prefect_run_context
 from prefect_cudf_polars.blocks.errors import WAIT_FOR_SERVED
 from prefect_cudf_polars.blocks.memory import on_engine, read_by
@@ -80,10 +78,8 @@ RESULT_CONSUMED = "prefect_cudf_polars.result.consumed"
 RESULT_RELEASED = "prefect_cudf_polars.result.released"
 RESULT_MOVED = "prefect_cudf_polars.result.moved"
 
-#: Most characters of a plan in an event or an artifact.
-PLAN_LIMIT = 8_000
 #: Seconds a session's end waits for its queued events and log lines to be handed to Prefect.
-SEND_WAIT_S = 10.0
+SEND_WAIT_S = 60.0
 #: Most results listed in the summary artifact (the first ones produced; each has its ``result.created`` event).
 SUMMARY_RESULTS = 500
 
@@ -130,11 +126,6 @@ def run_line(log: tuple[Any, Any] | None, msg: str | Callable[[], str]) -> None:
         send_later(send)
 
 
-def format_bytes(value: int | None) -> str:
-    """``1,234,567 bytes (1.2 MiB)``; ``"not available"`` for ``None``."""
-    return "not available" if value is None else f"{value:,} bytes ({value / 2**20:,.1f} MiB)"
-
-
 def summary_key(flow_name: str) -> str:
     """The summary artifact's key, ``<flow-name>-cudf-polars-session`` (Prefect keys: lowercase, digits, dashes)."""
     return f"{_slug(flow_name) or 'flow'}-cudf-polars-session"
@@ -159,71 +150,6 @@ def user_stacklevel() -> int:
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _PAST_FRAMES:
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _limited(plan: str) -> str:
-    return plan if len(plan) <= PLAN_LIMIT else f"{plan[:PLAN_LIMIT]}\n... ({len(plan) - PLAN_LIMIT:,} more characters)"
-
-
-def _table(rows: Iterable[Iterable[Any]], head: tuple[str, ...] = ("figure", "value")) -> str:
-    """A markdown table: its header, then one line a row."""
-    return "".join(f"| {' | '.join(map(str, cells))} |\n" for cells in (head, ("---",) * len(head), *rows))
-
-
-def result_markdown(result: Any, plan: str, memory: int | None, gpus: list[str]) -> str:
-    """The markdown of one result's artifact (``result_artifacts``): where it lives, its size, schema, plan."""
-    ranks = ", ".join(f"{r} ({gpus[r]})" if r < len(gpus) else str(r) for r in result.ranks) or "none"
-    schema = [(f"`{name}`", f"`{dtype}`") for name, dtype in result.schema.items()]
-    fused = "".join(f"* `{s.name}`, deferred by {s.produced_by}\n" for s in result.fused)
-    kind = "deferred step (runs fused into the task run that reads it)" if result.deferred else "result"
-    figures = [("backend", result.backend), ("ranks (GPUs)", ranks), ("partitions", result.partitions),
-               ("rows", "deferred" if result.deferred else result.rows),
-               ("bytes", "deferred" if result.deferred else format_bytes(result.bytes)),
-               ("engine call", f"{result.engine_seconds:.3f} s"), ("memory in use after", format_bytes(memory)),
-               ("result id", f"`{result.id}`")]
-    return (f"### cudf-polars {kind} `{result.name}`\n\n{_table(figures)}"
-            + (f"\n#### Deferred steps fused in, upstream first\n\n{fused}" if fused else "")
-            + f"\n#### Output schema ({len(schema)} columns)\n\n{_table(schema, ('column', 'dtype'))}"
-            + f"\n#### Query plan (as the engine ran it)\n\n```\n{plan}\n```\n")
-
-
-def summary_markdown(summary: dict[str, Any], results: list[dict[str, Any]], unlisted: int,
-                     unread: tuple[int, int]) -> str:
-    """
-    The session summary's markdown: its figures, two tables of ``results`` (:class:`SessionTelemetry`'s rows; and
-    ``unlisted`` more), the results moved to host memory; ``unread``: results released unread at the end, their bytes.
-    """
-    memory, held, spills = summary["memory"], summary["held"], summary["held"]["spills"]
-    gpus = ", ".join(f"{n} × {gpu}" if n > 1 else gpu for gpu, n in Counter(summary["gpus"]).items())
-    figures = [
-        ("backend", summary["backend"]), ("GPUs", gpus or "none (cpu backend)"),
-        *((f"results {k.replace('_', ' ')}", v) for k, v in summary["counts"].items()),
-        ("peak memory", format_bytes(summary["peak_memory"])),
-        *((f"peak memory rank {r}", format_bytes(v)) for r, v in sorted(summary["peak_memory_per_rank"].items())),
-        ("memory at start", format_bytes(memory.get("at_start"))), ("memory at the end", format_bytes(memory.get("at_end"))),
-        ("held then by unread results", f"{format_bytes(unread[1])}, {unread[0]} result(s)"),
-        ("memory measured as", "host store of the cpu backend" if summary["backend"] == "cpu"
-         else "device memory rmm has allocated (rmm statistics)"),
-        *((k.removesuffix("_s").replace("_", " "), f"{v:.2f} s") for k, v in summary["timings"].items()),
-        ("device memory limit", format_bytes(held["limit"]) if held["limit"] else "none"),
-        ("peak held by results", format_bytes(held["peak_held"])), ("spill_results", held["spill_results"]),
-        ("moved to host memory", f"{spills['results']} result(s), {format_bytes(spills['bytes'])}, {spills['out_seconds']:.3f} s"),
-        ("read back from host memory", f"{spills['back']} result(s), {format_bytes(spills['back_bytes'])}"),
-        ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),
-        ("session id", f"`{summary['session_id']}`"),
-    ]
-    made = [(f"`{r['name']}`", r["by"], r["state"], "deferred" if r["deferred"] else r["rows"],
-             "" if r["bytes"] is None else f"{r['bytes']:,}") for r in results]
-    calls = [(f"`{r['name']}`", r["producer"] or "", r["partitions"], f"{r['engine_seconds']:.3f}") for r in results]
-    moved = "".join(f"* `{r['name']}`: {r['moved']}\n" for r in results if r.get("moved"))
-    return (f"### cudf-polars engine session summary\n\n{_table(figures)}\n*memory at the end* is read just before "
-            "the engine's shutdown, which frees what the unread results hold.\n\n"
-            f"#### Results ({len(results) + unlisted})\n\n"
-            + _table(made, ("result", "produced by task run", "at the end", "rows", "bytes"))
-            + "\n#### Each result's task run and engine call\n\n"
-            + _table(calls, ("result", "task run id", "partitions", "engine s"))
-            + (f"\n... and {unlisted} more (each in its `result.created` event)\n" if unlisted else "")
-            + (f"\n#### Moved to host memory (out: the move's seconds)\n\n{moved}" if moved else ""))
 
 
 class SessionTelemetry:
@@ -321,13 +247,14 @@ class SessionTelemetry:
         self._session_event(ENGINE_STARTED, {"backend": self.backend, "gpus": gpus, "ranks": ranks, "versions": versions,
                                              "engine_start_s": start_seconds, "fallback_warning": fallback_warning})
 
-    def result_created(self, result: Any, plan: str | None, memory: int | None, engine_plan: str | None = None,
+    def result_created(self, result: Any, plan: str | Callable[[], str] | None, memory: int | None,
+                       engine_plan: str | None = None,
                        reads: list[dict[str, Any]] = []) -> None:  # noqa: B006
         """
         A result was produced: a line on its run's log, ``result.created`` with its facts; with
         ``result_artifacts``, its artifact too.
 
-        ``plan`` is the query's logical plan (the event's); ``engine_plan``, the
+        ``plan`` is the query's logical plan (the event's; or a callable that makes it, off the caller's path); ``engine_plan``, the
         optimized plan the engine ran (the artifact's, when asked for); ``reads``,
         per input result the query read, its name, id, reads in the plan and bytes per read.
         """
@@ -348,7 +275,7 @@ class SessionTelemetry:
         self._result_event(RESULT_CREATED, result, None, None, lambda: {
             **facts, "backend": result.backend, "ranks": list(result.ranks), "memory_in_use_bytes": memory,
             "schema": {k: str(v) for k, v in result.schema.items()}, "inputs_read": reads,
-            "plan": _limited(plan or "(the same plan as the result it was split from)"),
+            "plan": limited((plan() if callable(plan) else plan) or "(the same plan as the result it was split from)"),
             "fused_steps": [step._asdict() for step in result.fused]})
         if self.result_artifacts and not self.muted and result.produced_by_task_run_id is not None:
             from prefect.artifacts import create_markdown_artifact
@@ -356,7 +283,8 @@ class SessionTelemetry:
             try:
                 create_markdown_artifact(key=result_key(result.name), description=f"cudf-polars result {result.name!r}: "
                                          "plan, schema, rows, bytes, where it lives", markdown=result_markdown(
-                                             result, _limited(engine_plan or plan), memory, self.gpus))
+                                             result, limited(engine_plan or (plan() if callable(plan) else plan)
+                                                              or ""), memory, self.gpus))
             except Exception as exc:
                 logger.warning("Could not write the artifact of GPU result %r: %s", result.name, exc)
 
@@ -385,16 +313,18 @@ class SessionTelemetry:
             self._unread.append(f"{result.name!r} ({'deferred, ' if result.deferred else ''}from {result.produced_by})")
             self._unread_held.update((r.id, on_engine(r)) for r in read_by((result,)).values())
 
-    def result_moved(self, result: Any, way: str, seconds: float | None) -> None:
-        """A result moved to host memory (``way="out"``, its seconds) or was read back by a query (``"back"``):
-        ``result.moved``, and a line on the log of the run that produced it."""
+    def result_moved(self, result: Any, way: str, seconds: float | None, route: str) -> None:
+        """A result moved to host memory (``way="out"``) or back for the query that reads it (``"back"``), by ``route``
+        (``"pinned"`` or ``"host frame"``; ``seconds`` where timed): ``result.moved``, and a line on the log of the run
+        that produced it."""
         out = way == "out"
         row = self._result_event(RESULT_MOVED, result, None, "task-run", to="host" if out else "engine",
-                                 bytes=result.bytes, seconds=seconds)
-        row["moved"] = "; ".join(filter(None, [row.get("moved"), f"out {seconds:.3f} s" if out else "read back"]))
-        run_line(row.get("log"), f"cudf-polars result {result.name!r} moved to host memory in {seconds:.3f} s "
+                                 bytes=result.bytes, seconds=seconds, route=route)
+        took = "" if seconds is None else f" in {seconds:.3f} s"
+        row["moved"] = "; ".join(filter(None, [row.get("moved"), f"out{took} ({route})" if out else "read back"]))
+        run_line(row.get("log"), f"cudf-polars result {result.name!r} moved to host memory ({route}){took} "
                  f"({format_bytes(result.bytes)}) to keep the unread results within device_memory_limit" if out else
-                 f"cudf-polars result {result.name!r} read back from host memory by {result.consumed_by}")
+                 f"cudf-polars result {result.name!r} read back from host memory ({route}){took} by {result.consumed_by}")
 
     def late_result_released(self, name: str, task_run_id: Any) -> None:
         """A result arrived after its task run stopped waiting (a timeout) and was released at once."""

@@ -2,11 +2,16 @@
 ``tee``: one result in, N independent results out, all kept on the GPU.
 
 A result is read once (cudf-polars moves its partitions out on read), so two
-readers cannot share it. Copies 2..N are produced again from the result's
-lineage (:func:`~prefect_cudf_polars.tasks.calls.replay`): the producing steps
-run again on the same engine, from their scans, so the data never visits host
-memory; the first copy takes over the original's partitions. A result whose
-lineage cannot be replayed is refused before anything is claimed.
+readers cannot share it. Copies 2..N are deep copies of its partitions into
+new slots of the engine's store (``spmd``; the ``cpu`` backend copies its host
+frame), made on the engine's owner thread
+(:meth:`~prefect_cudf_polars.blocks.EngineSession.copies`); where that cannot
+be (``dask``, ``ray``, a deferred result, one moved to host memory), they are
+produced again from the result's lineage
+(:func:`~prefect_cudf_polars.tasks.calls.replay`): the producing steps run
+again on the same engine, from their scans. Either way the data never visits
+host memory; the first copy takes over the original's partitions. A result
+that can be neither copied nor replayed is refused before anything is claimed.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     Split one result into ``n`` independent results (fan-out), on the GPU.
 
     A result is read once, so two downstream tasks cannot both read it; ``tee``
-    splits it before the first read. Copies 2..N are produced again from the
-    result's lineage on the same engine (one re-run and one more result's worth
-    of engine memory per extra copy); the data never visits host memory.
+    splits it before the first read. Copies 2..N are device copies of its
+    partitions on ``spmd`` (and host copies on ``cpu``); on ``dask`` and
+    ``ray`` they are produced again from the result's lineage on the same
+    engine (one re-run each). Each extra copy takes one more result's worth of
+    engine memory; the data never visits host memory.
 
     A deferred result (``gpu_task(defer=True)``) splits into ``n`` deferred
     copies, and each copy's reader runs the deferred steps' plan in full in
@@ -55,8 +62,8 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
     ValueError
         If ``n < 1``.
     CannotRecomputeError
-        If ``n > 1`` and the result's lineage cannot be replayed (nothing is
-        claimed; ``result`` stays live).
+        If ``n > 1``, its partitions cannot be copied and its lineage cannot
+        be replayed (nothing is claimed; ``result`` stays live).
     ResultReleasedError, ResultConsumedError, WrongEngineError
         If ``result`` cannot be read here.
 
@@ -74,14 +81,15 @@ def tee(result: GPUResult, n: int = 2) -> list[GPUResult]:
         raise ValueError(f"tee(result, n): n must be at least 1, not {n}.")
     with EngineCall(result) as call:
         result = call.args
-        if n > 1 and (reason := result.replay_problem) is not None:
+        # Copies first: if one fails (a scanned file is gone), the original is still live and unread.
+        copies = call.session.copies(result, n - 1) if n > 1 else []
+        if copies is None and (reason := result.replay_problem) is not None:
             raise CannotRecomputeError(
                 f"Cannot split GPUResult {result.name!r} (id {result.id}) into {n}: {reason}. It is still live "
                 f"and unread: {MAKE_RECOMPUTABLE}.", result_id=result.id, result_name=result.name, reason=reason)
-        # Replays first: if one fails (a scanned file is gone), the original is still live and unread.
-        copies: list[GPUResult] = []
+        copies = copies or []
         try:
-            for _ in range(n - 1):  # one by one: a failed replay releases the copies made before it
+            while len(copies) < n - 1:  # one by one: a failed replay releases the copies made before it
                 copies.append(replay(call.session, result))
             return [call.session.adopt(result.hand_over(), like=result), *copies]
         except BaseException:

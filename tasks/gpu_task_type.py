@@ -21,8 +21,8 @@ keeps the type and the retry guard.
 from __future__ import annotations
 
 import asyncio
-import functools
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -75,7 +75,10 @@ class GPUTask(Task):  # type: ignore[type-arg]
         return super().__call__(*args, **kwargs)
 
     def submit(self, *args: Any, **kwargs: Any) -> Any:
-        """Prefect's ``Task.submit``, the engine started first; the returned future is served by the innermost session."""
+        """Prefect's ``Task.submit``, the engine started first; the returned future is served by the innermost session.
+
+        ``submit`` is synchronous: from an async flow the engine's start (and an admission wait) runs on the event
+        loop's thread; await a GPU task first there to start it off the loop."""
         open_session_first()
         submitted = super().submit(*args, **kwargs)
         if not kwargs.get("return_state"):
@@ -83,7 +86,8 @@ class GPUTask(Task):  # type: ignore[type-arg]
         return submitted
 
     def map(self, *args: Any, **kwargs: Any) -> Any:
-        """Prefect's ``Task.map``, the engine started first; each returned future is served by the innermost session."""
+        """Prefect's ``Task.map``, the engine started first (on this thread, as for :meth:`submit`); each returned
+        future is served by the innermost session."""
         open_session_first()
         submitted = super().map(*args, **kwargs)
         if not kwargs.get("return_state") and not kwargs.get("deferred"):

@@ -44,6 +44,7 @@ ROOMS = [
     "prefect_cudf_polars.blocks.engine",
     "prefect_cudf_polars.blocks.engine_call",
     "prefect_cudf_polars.blocks.send_queue",
+    "prefect_cudf_polars.blocks.artifact_text",
     "prefect_cudf_polars.blocks.telemetry",
     "prefect_cudf_polars.blocks.nesting",
     "prefect_cudf_polars.blocks.exits",

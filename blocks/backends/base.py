@@ -39,6 +39,11 @@ class PersistedResult(Protocol):
     schema: pl.Schema
     ranks: list[int]
 
+    @property
+    def moved_out(self) -> bool:
+        """Whether its partitions are in host memory now (moved out of the engine, not yet back)."""
+        ...
+
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame whose scan moves the partitions out of the engine's store."""
         ...
@@ -100,12 +105,35 @@ class RunningEngine(abc.ABC):
     def read(self, persisted: PersistedResult | None = None) -> Reading:
         """Memory in use now and, given a result, its rows and bytes (one call to the ranks)."""
 
-    def check_plan(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> None:
+    def move_out(self, persisted: PersistedResult) -> bool:
+        """
+        Move ``persisted``'s partitions into pinned host memory in place (on the owner thread): its ``lazy()`` frames
+        stay valid once :meth:`move_back` has run. False where this backend cannot (nothing moved).
+
+        Raises
+        ------
+        MemoryError
+            The pinned pool cannot hold it (nothing moved).
+        """
+        return False
+
+    def move_back(self, persisted: PersistedResult) -> None:
+        """Put what :meth:`move_out` moved back into the engine's store, where its frames read it."""
+        raise NotImplementedError(f"the {self.backend} backend moves no result into pinned host memory")
+
+    def copy(self, persisted: PersistedResult) -> PersistedResult | None:
+        """A new persisted result holding device copies of ``persisted``'s partitions (on the owner thread, which it
+        leaves as it was); ``None`` where this backend cannot copy them."""
+        return None
+
+    def check_plan(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags | None = None) -> None:
         """
         Refuse ``lf`` before it runs, as far as this engine can tell without running it.
 
         For a deferred step, whose plan runs later fused into its reader's
-        engine call. Only the ``cpu`` backend checks (as cudf-polars would).
+        engine call. Only the ``cpu`` backend checks (as cudf-polars would,
+        with ``flags``, default: :func:`~prefect_cudf_polars.blocks.backends.plans.prepare`'s);
+        on the GPU backends the reader's engine call checks the fused plan.
 
         Raises
         ------

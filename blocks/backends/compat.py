@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 
@@ -64,6 +64,99 @@ def forget_persisted(query_result: Any) -> None:
     reference to the engine's backend, so the engine can be freed.
     """
     query_result._finalizer.detach()
+
+
+class PackedPartition(NamedTuple):
+    """One rank's partition of a persisted result, packed into one buffer (:func:`pack_partitions`)."""
+
+    rank: int
+    duplicated: bool
+    names: list[str]
+    dtypes: list[Any]
+    metadata: memoryview
+    data: Any  # a pylibcudf gpumemoryview over the buffer (pinned host or device memory)
+
+
+def _store_of(query_result: Any) -> Any:
+    """This process's ``RankLocalStore`` of a ``PersistedQueryResult`` (``_uid``); ``KeyError`` once it closed."""
+    from cudf_polars.engine import rank_local_store
+
+    return rank_local_store.require_store(query_result._uid)
+
+
+def pack_partitions(query_result: Any, mr: Any = None, *, take: bool, via_device: bool = False) -> list[PackedPartition]:
+    """
+    This process's partitions of a ``PersistedQueryResult``, each packed into one buffer from ``mr``.
+
+    cudf-polars 26.10.2 keeps a partition as ``RankLocalStore._partitions[query_id][rank] = (DataFrame,
+    duplicated)`` (``engine/rank_local_store.py``; ``_query_id``, ``_partitions``: no public accessor).
+    pylibcudf's ``contiguous_split.pack(table, stream, mr)`` writes the columns into one allocation of ``mr``
+    (``None``: the current device resource). With a pinned host resource it packs straight into pinned memory;
+    ``via_device`` packs into device memory first and copies that buffer out with one DMA copy
+    (``rmm.DeviceBuffer(ptr=, size=, mr=)``). With ``take`` the partitions leave the store (their device memory is
+    freed once packed); else they stay. Call on the rank's process (``spmd``: this one), on the engine's owner
+    thread.
+    """
+    import pylibcudf as plc
+    import rmm
+
+    store = _store_of(query_result)
+    packed = []
+    for rank, (df, duplicated) in sorted(store._partitions.get(query_result._query_id, {}).items()):
+        metadata, data = plc.contiguous_split.pack(df.table, stream=df.stream, mr=None if via_device else mr).release()
+        if via_device and mr is not None:
+            data = plc.gpumemoryview(rmm.DeviceBuffer(ptr=data.ptr, size=data.nbytes, stream=df.stream, mr=mr))
+        df.stream.synchronize()
+        packed.append(PackedPartition(rank, duplicated, list(df.column_names), list(df.dtypes), metadata, data))
+    if take:
+        for part in packed:
+            store.pop(query_result._query_id, part.rank)
+    return packed
+
+
+def unpack_partitions(query_result: Any, packed: list[PackedPartition], *, device_copy: bool) -> None:
+    """
+    Put ``packed`` (:func:`pack_partitions`) into the store under the result's query id, as each partition was.
+
+    With ``device_copy`` each buffer is first copied into device memory from the current device resource
+    (``rmm.DeviceBuffer(ptr=, size=)``: from pinned host memory, one DMA copy). pylibcudf's
+    ``unpack_from_memoryviews`` rebuilds the table on the buffer without a copy; cudf-polars 26.10.2's
+    ``DataFrame.from_table`` gives it the partition's names and dtypes, and ``RankLocalStore.put`` its
+    ``duplicated`` flag: the result's ``lazy()`` frames read it as before.
+    """
+    import pylibcudf as plc
+    import rmm
+    from cudf_polars.containers import DataFrame
+    from cudf_polars.utils.cuda_stream import get_cuda_stream
+
+    store, stream = _store_of(query_result), get_cuda_stream()
+    for part in packed:
+        data = plc.gpumemoryview(rmm.DeviceBuffer(ptr=part.data.ptr, size=part.data.nbytes, stream=stream)) \
+            if device_copy else part.data
+        table = plc.contiguous_split.unpack_from_memoryviews(part.metadata, data, stream)
+        store.put(query_result._query_id, part.rank, DataFrame.from_table(table, part.names, part.dtypes, stream),
+                  duplicated=part.duplicated)
+    stream.synchronize()
+
+
+def copy_persisted(query_result: Any) -> Any:
+    """
+    A new ``PersistedQueryResult`` of the same engine holding deep device copies of this process's partitions.
+
+    cudf-polars 26.10.2: the result's ``_finalizer`` (``weakref.finalize(self, backend.drop_persisted,
+    query_id)``) names its engine's ``PersistedBackend``; the copy gets a new query id in the same store
+    (``_uid``), the same ``_ranks`` and ``_schema``, and a finalizer of its own. Each partition is one
+    ``contiguous_split.pack`` into device memory, unpacked in place (one device-to-device copy).
+    """
+    import uuid
+
+    from cudf_polars.engine.persisted_result import PersistedQueryResult
+
+    backend = query_result._finalizer.peek()[1].__self__
+    copy = PersistedQueryResult(backend, query_result._uid, uuid.uuid4(), list(query_result._ranks),
+                                dict(query_result._schema))
+    unpack_partitions(copy, pack_partitions(query_result, take=False), device_copy=False)
+    return copy
 
 
 def run_on_ranks(engine: Any, fn: Callable[..., Any], *args: Any) -> list[Any]:

@@ -28,7 +28,7 @@ from polars.io.plugins import register_io_source
 
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
-from prefect_cudf_polars.blocks.backends.plans import ZERO_COLUMN_MESSAGE
+from prefect_cudf_polars.blocks.backends.plans import ZERO_COLUMN_MESSAGE, prepare
 from prefect_cudf_polars.blocks.errors import RUN_PRODUCER_AGAIN
 
 if TYPE_CHECKING:
@@ -83,6 +83,9 @@ class HostPersistedResult:
         Rows of the stored partition and its size (polars' ``estimated_size``).
     """
 
+    #: The host store is where it stays (a move to host memory collects it to a host frame).
+    moved_out = False
+
     def __init__(self, uid: str, df: pl.DataFrame) -> None:
         self._uid, self._query_id = uid, uuid.uuid4()
         self.schema, self.ranks = df.schema, [0]
@@ -98,6 +101,14 @@ class HostPersistedResult:
     def forget(self) -> None:
         """Let go without touching the store (its engine closed it)."""
         self._finalizer.detach()
+
+    def clone(self) -> HostPersistedResult:
+        """A new stored result holding a copy of this one's partition (which stays), as a device copy on a GPU."""
+        with _lock:
+            df = _stores.get(self._uid, {}).get(self._query_id)
+        if df is None:
+            raise RuntimeError("the result's partition has left the cpu backend's store (read or released)")
+        return HostPersistedResult(self._uid, df.clone())
 
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame whose scan moves the partition out of the store; it keeps this result alive."""
@@ -154,9 +165,13 @@ class CpuRunningEngine(RunningEngine):
                               f"and this one would take {need:,} bytes of device_memory_limit={self.memory_limit:,})")
         return HostPersistedResult(self.uid, df)
 
-    def check_plan(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> None:
+    def copy(self, persisted: Any) -> HostPersistedResult:
+        return persisted.clone()
+
+    def check_plan(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags | None = None) -> None:
         # A deferred step's plan is checked as collect checks it (with raise_on_fail=False a
         # collect reader may fall back to the CPU; an execute reader refuses it then).
+        flags = prepare(lf)[0] if flags is None else flags
         if self.raise_on_fail:
             self.gpu_support.check(lf, flags)
 

@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Iterator
 from typing import NoReturn
 
-from prefect_cudf_polars.blocks.errors import MAKE_ROOM, SPLIT_WITH_TEE, DeviceMemoryError, ResultConsumedError
+from prefect_cudf_polars.blocks.errors import MAKE_ROOM, DeviceMemoryError, ResultConsumedError, read_again_message
 
 _CONSUMED = "consumed on read"
 _OUT_OF_MEMORY = ("out_of_memory", "std::bad_alloc", "out of memory")
@@ -125,10 +125,7 @@ def translate_engine_error(exc: BaseException) -> BaseException:
         if isinstance(e, MemoryError) or any(m in str(e) for m in _OUT_OF_MEMORY):
             return DeviceMemoryError(DEVICE_MEMORY_MESSAGE.format(hint=str(e) or type(e).__name__))
     if any(_CONSUMED in str(e) for e in iter_exceptions(exc)):
-        return ResultConsumedError(
-            "The query reads a GPU result that an earlier query already read: a result is read by one query "
-            "(cudf-polars moves each partition out when it runs), which may read it several times (a self-join runs). "
-            f"To read one result in two queries, {SPLIT_WITH_TEE}; or run the producing task again.")
+        return ResultConsumedError(read_again_message())
     if isinstance(exc, BaseExceptionGroup) and len(leaves := _leaves(exc)) == 1:
         return leaves[0]
     return exc

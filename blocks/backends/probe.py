@@ -91,6 +91,12 @@ def memory_total(backend: str) -> int | None:
         return None
 
 
+def host_memory_per_gpu(backend: str) -> int | None:
+    """Bytes of host memory per visible GPU (the machine's divided by its GPUs; on ``cpu``, the machine's)."""
+    host = memory_total("cpu")
+    return host if backend == "cpu" or host is None else host // max(count_gpus()[0], 1)
+
+
 def rapids_installed() -> bool:
     """Whether the RAPIDS packages cudf-polars needs (``cudf_polars``, ``rmm``) are installed."""
     return all(importlib.util.find_spec(m) is not None for m in ("cudf_polars", "rmm"))

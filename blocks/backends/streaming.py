@@ -21,7 +21,7 @@ import polars as pl
 from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank, restore_environment_on_rank
-from prefect_cudf_polars.blocks.backends.probe import count_gpus, gpu_memory_bytes, memory_total
+from prefect_cudf_polars.blocks.backends.probe import gpu_memory_bytes, host_memory_per_gpu
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -54,6 +54,15 @@ def silence_unstable_warning() -> None:
     warnings.filterwarnings("ignore", category=UnstableWarning)
 
 
+#: Pack a moved partition into device memory, then copy it to pinned memory with one DMA copy; else (the default)
+#: pack straight into pinned memory, which needs no second device copy of the partition.
+PACK_VIA_DEVICE = False
+#: rmm pool sizes are multiples of this (bytes).
+PINNED_ALIGNMENT = 256
+#: The pinned pool's first size (bytes); it grows in steps as moves need.
+PINNED_FIRST = 2**30
+
+
 class StreamingPersistedResult:
     """
     cudf-polars' ``PersistedQueryResult`` as the session sees it.
@@ -66,20 +75,27 @@ class StreamingPersistedResult:
     ranks : list of int
     """
 
-    __slots__ = ("query_result", "ranks", "schema")
+    __slots__ = ("packed", "query_result", "ranks", "schema")
 
     def __init__(self, query_result: Any) -> None:
         self.query_result = query_result
         self.schema, self.ranks = compat.persisted_layout(query_result)
+        self.packed: list[compat.PackedPartition] | None = None  # its partitions while in pinned host memory
+
+    @property
+    def moved_out(self) -> bool:
+        return self.packed is not None
 
     def lazy(self) -> pl.LazyFrame:
         return self.query_result.lazy()
 
     def release(self) -> None:
-        # cudf-polars 26.10: idempotent, never raises (weakref.finalize).
+        # cudf-polars 26.10: idempotent, never raises (weakref.finalize). Pinned buffers go back to their pool.
+        self.packed = None
         self.query_result.release()
 
     def forget(self) -> None:
+        self.packed = None
         compat.forget_persisted(self.query_result)
 
 
@@ -116,10 +132,12 @@ class StreamingRunningEngine(RunningEngine):
         Backend facts for logs and artifacts (the Dask dashboard, the cluster); empty until the backend sets them.
     """
 
-    def __init__(self, backend: str, stack: ExitStack, memory_limit: int | None = None) -> None:
+    def __init__(self, backend: str, stack: ExitStack, memory_limit: int | None = None,
+                 host_limit: int | None = None) -> None:
         silence_unstable_warning()
-        self.backend, self.memory_limit = backend, memory_limit
+        self.backend, self.memory_limit, self.host_limit = backend, memory_limit, host_limit
         self.engine: Any = None
+        self._pinned: Any = None  # the pinned host memory pool of moved results, made at the first move
         self.extra: dict[str, Any] = {}
         self._produced: weakref.WeakSet[Any] = weakref.WeakSet()
         stack.callback(lambda: [compat.forget_persisted(qr) for qr in list(self._produced)])
@@ -140,6 +158,39 @@ class StreamingRunningEngine(RunningEngine):
 
     def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.DataFrame:
         return lf.collect(engine=self.engine, optimizations=flags)
+
+    def move_out(self, persisted: Any) -> bool:
+        # spmd's one rank is this process; on dask and ray the partitions live in the ranks' processes.
+        if self.backend != "spmd" or persisted.packed is not None:
+            return False
+        persisted.packed = compat.pack_partitions(persisted.query_result, self.pinned_pool(), take=True,
+                                                  via_device=PACK_VIA_DEVICE)
+        return True
+
+    def move_back(self, persisted: Any) -> None:
+        if (packed := persisted.packed) is not None:
+            compat.unpack_partitions(persisted.query_result, packed, device_copy=True)
+            persisted.packed = None  # its pinned buffers go back to the pool
+
+    def copy(self, persisted: Any) -> StreamingPersistedResult | None:
+        if self.backend != "spmd" or persisted.packed is not None:
+            return None
+        query_result = compat.copy_persisted(persisted.query_result)
+        self._produced.add(query_result)
+        return StreamingPersistedResult(query_result)
+
+    def pinned_pool(self) -> Any:
+        """
+        The engine's pool of pinned host memory for moved results: an ``rmm.mr.PoolMemoryResource`` over
+        ``PinnedHostMemoryResource`` (``cudaHostAlloc``), made at the first move, growing to ``host_limit``.
+        """
+        if self._pinned is None:
+            import rmm.mr
+
+            most = (self.host_limit or 2**30) // PINNED_ALIGNMENT * PINNED_ALIGNMENT
+            self._pinned = rmm.mr.PoolMemoryResource(rmm.mr.PinnedHostMemoryResource(), maximum_pool_size=most,
+                                                     initial_pool_size=min(PINNED_FIRST, most))
+        return self._pinned
 
     def read(self, persisted: Any = None) -> Reading:
         key = compat.persisted_key(persisted.query_result) if persisted is not None else ()
@@ -172,12 +223,12 @@ def limited_engine_kwargs(block: CudfPolarsEngine, limit: int | None) -> dict[st
     """``block.engine_kwargs`` with ``limit`` (bytes), the GPU's memory and the host memory per GPU read here."""
     if limit is None:  # nothing to size: no probe at the engine's start
         return block.engine_kwargs()
-    host, gpus = memory_total("cpu"), count_gpus()[0]
-    return block.engine_kwargs(limit, device_total=gpu_memory_bytes(), host_total=host and host // max(gpus, 1))
+    return block.engine_kwargs(limit, device_total=gpu_memory_bytes(), host_total=host_memory_per_gpu("spmd"))
 
 
 def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> StreamingRunningEngine:
     """Create an ``SPMDEngine`` from the block's options (call on the owner thread); its shutdown goes on ``stack``."""
     from cudf_polars.engine.spmd import SPMDEngine
 
-    return StreamingRunningEngine("spmd", stack, limit).enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)
+    running = StreamingRunningEngine("spmd", stack, limit, block.host_spill_limit_bytes(host_memory_per_gpu("spmd")))
+    return running.enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)

@@ -69,6 +69,25 @@ def test_with_spill_off_a_call_the_held_results_leave_no_room_for_fails_naming_t
     assert held_partitions() == 0
 
 
+def test_a_move_host_memory_cannot_take_fails_naming_both_limits_and_the_results_stay_readable():
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu", device_memory_limit=LIMIT,
+                                                            spill_results="host", host_spill_limit=2_000_000)))
+    def pipeline():
+        held = [execute(table(i), name=f"table-{i}") for i in range(4)]  # table-0 moves out: host memory is full
+        refused = execute(table(4), name="table-4", return_state=True)
+        with pytest.raises(DeviceMemoryError, match=r"(?s)device_memory_limit=6,000,000 bytes.*host memory cannot "
+                           r"take them: results moved out already hold 1,600,000 bytes of host_spill_limit=2,000,000 "
+                           r"bytes.*'table-1' \(1,600,000 bytes.*Raise host_spill_limit or device_memory_limit"):
+            refused.result()
+        sums = [collect(total(held[i])) for i in (1, 2, 3, 0)]  # the ones on the engine first: each call fits
+        return sums, get_engine_session().summary()["held"]
+
+    sums, held = pipeline()
+    assert [s.row(0) for s in sums] == [(float(i) * ROWS, ROWS) for i in (1, 2, 3, 0)]
+    assert held["spills"]["results"] == 1 and held["spills"]["routes"] == {"host frame": 1}
+    assert held_partitions() == 0
+
+
 def test_with_spill_host_unread_results_move_to_host_memory_and_back_and_equal_polars():
     @flow(task_runner=CudfPolarsTaskRunner(block("host")))
     def pipeline():

@@ -122,8 +122,8 @@ def test_a_second_query_reading_the_same_result_still_needs_tee(cpu_block, order
             two_queries(execute(pl.scan_parquet(orders), name="orders"))
         frame = execute(pl.scan_parquet(orders), name="orders").lazy()
         collect(frame)
-        with pytest.raises(ResultConsumedError, match=r"an earlier query already read: a result is read by one "
-                           r"query.*To read one result in two queries, split it first with `tee\(result, 2\)`"):
+        with pytest.raises(ResultConsumedError, match=r"was already read by an earlier query: a result is read by "
+                           r"one query.*To read one result in two queries, split it first with `tee\(result, 2\)`"):
             collect(frame)  # the same frame, run again
         return first
 

@@ -70,7 +70,25 @@ def test_tee_of_a_result_two_steps_down_a_chain(engine_block, orders):
 
     a, b = chain()
     assert a.equals(b) and a.height == 7
-    assert calls == ["spenders", "spenders"]  # the copy replayed the step, from the scan
+    assert calls == ["spenders"]  # the copy is a copy of the partitions: nothing ran again
+
+
+def test_tee_of_a_deferred_result_replays_its_step_for_each_copy(engine_block, orders):
+    calls = []
+
+    @gpu_task(defer=True)
+    def spenders(r: GPUResult) -> pl.LazyFrame:
+        calls.append("spenders")
+        return r.lazy().group_by("customer").agg(pl.col("amount").sum())
+
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
+    def chain():
+        a, b = tee(spenders(execute(pl.scan_parquet(orders))), 2)
+        return collect(a).sort("customer"), collect(b).sort("customer")
+
+    a, b = chain()
+    assert a.equals(b) and a.height == 7
+    assert calls == ["spenders", "spenders"]  # a deferred copy holds a plan: the step was built again, from the scan
 
 
 def test_default_consumed_error_points_to_tee(engine_block, orders):
@@ -101,11 +119,11 @@ def test_a_self_join_in_one_task_and_a_join_of_two_copies_from_tee_both_run(cpu_
     assert joins() == (1000, 1000)
 
 
-def test_tee_refuses_an_unreplayable_result_and_loses_nothing(engine_block, orders):
+def test_tee_refuses_an_unreplayable_deferred_result_and_loses_nothing(engine_block, orders):
     @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def built_in_the_body():
         r = execute(pl.scan_parquet(orders))
-        derived = execute(r.lazy().filter(pl.col("customer") == 3))  # built outside a GPU task
+        derived = execute(r.lazy().filter(pl.col("customer") == 3), defer=True)  # built outside a GPU task
         with pytest.raises(CannotRecomputeError, match=r"\.lazy\(\) frame built outside a GPU task") as info:
             tee(derived, 2)
         assert derived.state == "live"  # nothing claimed
@@ -116,28 +134,48 @@ def test_tee_refuses_an_unreplayable_result_and_loses_nothing(engine_block, orde
     assert "still live and unread" in str(error)
 
 
+def test_tee_copies_the_partitions_of_a_result_its_lineage_cannot_replay(engine_block, orders):
+    @flow(task_runner=CudfPolarsTaskRunner(engine_block))
+    def built_in_the_body():
+        r = execute(pl.scan_parquet(orders))
+        derived = execute(r.lazy().filter(pl.col("customer") == 3))  # built outside a GPU task: no replay
+        assert derived.replay_problem is not None
+        a, b = tee(derived, 2)
+        return collect(a), collect(b), derived.state
+
+    a, b, state = built_in_the_body()
+    expected = pl.read_parquet(orders).filter(pl.col("customer") == 3)
+    assert a.equals(expected) and b.equals(expected) and state == "consumed"
+
+
 def test_tee_whose_replay_fails_keeps_the_original(engine_block, tmp_path):
     path = tmp_path / "once.parquet"
     pl.DataFrame({"x": [1, 2, 3]}).write_parquet(path)
     store_before = held_partitions()
 
+    @gpu_task(defer=True)  # a deferred result's copies are its step built again: the scan too
+    def loaded() -> pl.LazyFrame:
+        return pl.scan_parquet(path)
+
     @flow(task_runner=CudfPolarsTaskRunner(engine_block))
     def file_gone():
-        r = execute(pl.scan_parquet(path))
+        r = loaded()
         path.unlink()  # the replay cannot scan it again
         with pytest.raises(FileNotFoundError, match="No such file or directory"):
             tee(r, 2)
-        assert r.state == "live"
-        return collect(r)["x"].to_list()
+        state = r.state
+        r.release()
+        return state, get_engine_session().counts
 
-    assert file_gone() == [1, 2, 3]
+    state, counts = file_gone()
+    assert state == "live" and counts["produced"] == 1 and counts["released_unconsumed"] == 1
     assert held_partitions() == store_before
 
 
 def test_tee_whose_later_replay_fails_releases_the_copies_already_made(cpu_block):
     calls = []
 
-    @gpu_task
+    @gpu_task(defer=True)  # a deferred result's copies are its step built again
     def third_call_fails(n: int) -> pl.LazyFrame:
         calls.append(n)
         if len(calls) == 3:
@@ -147,11 +185,11 @@ def test_tee_whose_later_replay_fails_releases_the_copies_already_made(cpu_block
     @flow(task_runner=CudfPolarsTaskRunner(cpu_block))
     def split_three():
         r = third_call_fails(4)
-        held = held_partitions()
         with pytest.raises(OSError, match="gone on the third build"):
             tee(r, 3)  # the first copy is made, the second fails
-        get_engine_session().run(lambda: None)  # a release is queued on the owner thread: let it run first
-        assert held_partitions() == held  # the first copy was released, not left for the session's end
+        session = get_engine_session()
+        assert session.live_results == (r,)  # the first copy was released, not left for the session's end
+        assert session.counts["produced"] == 2 and session.counts["released_unconsumed"] == 1
         assert r.state == "live"
         return collect(r).height
 

@@ -95,13 +95,16 @@ def test_a_result_moved_to_host_memory_says_so_on_the_task_run_that_made_it():
     by_run = lines_of(flow_run_id, expect="engine session ended")  # the run's last line: the earlier ones are in
     made, out, back = [line.message for line in by_run[uuid.UUID(table_0)]]
     assert made.startswith(f"cudf-polars result 'table-0': {ROWS} rows, {TABLE_BYTES:,} bytes (1.5 MiB), ")
-    assert re.fullmatch(rf"cudf-polars result 'table-0' moved to host memory in \d+\.\d{{3}} s \({TABLE_BYTES:,} "
-                        r"bytes \(1\.5 MiB\)\) to keep the unread results within device_memory_limit", out), out
-    reader = re.fullmatch(r"cudf-polars result 'table-0' read back from host memory by task run 'total' \(id (\S+)\)",
-                          back)
+    assert re.fullmatch(rf"cudf-polars result 'table-0' moved to host memory \(host frame\) in \d+\.\d{{3}} s "
+                        rf"\({TABLE_BYTES:,} bytes \(1\.5 MiB\)\) to keep the unread results within device_memory_limit",
+                        out), out
+    reader = re.fullmatch(r"cudf-polars result 'table-0' read back from host memory \(host frame\) by task run "
+                          r"'total' \(id (\S+)\)", back)
     assert reader and readers[reader[1]] == "total", back
     # The flow run's end line and the session summary count the moves; the summary lists the moved results.
     [ended] = [r.message for r in by_run[None] if "engine session ended" in r.message]
     assert re.search(r"spill_results=host: [2-9] result\(s\) moved to host memory", ended), ended
     [summary] = artifacts_of(flow_run_id=flow_run_id, key=telemetry.summary_key("moves"))
-    assert re.search(r"^\* `table-0`: out \d+\.\d{3} s; read back$", summary.data, re.MULTILINE), summary.data
+    assert re.search(r"^\* `table-0`: out in \d+\.\d{3} s \(host frame\); read back$", summary.data, re.MULTILINE), \
+        summary.data
+    assert re.search(r"\| moved to host memory \| 2 result\(s\), .*; 2 by host frame \|", summary.data), summary.data

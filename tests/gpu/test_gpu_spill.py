@@ -1,0 +1,119 @@
+"""
+Held results that move to pinned host memory and back on a real GPU (``spmd``), and ``tee``'s device copies.
+
+A flow holds twenty 200 MB results unread under ``device_memory_limit=2 GB``: twice its limit.
+The oldest unread ones move out by the pinned route (each partition packed into the engine's
+pinned pool, back into its own store slot when read), every one reads back equal to polars' CPU
+engine, and while the flow runs the CUDA driver's used device memory (``cudaMemGetInfo``,
+sampled every 5 ms) stays within the limit above its figure before the flow run (the process's
+CUDA context, made by a first flow run). ``tee`` of a loaded table makes its copies as device
+copies of the partitions: nothing is produced again, and each copy reads equal to polars.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import polars as pl
+import pytest
+from prefect import flow
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
+from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task, tee
+
+pytestmark = pytest.mark.gpu
+
+ROWS = 12_500_000  # int64 and float64 columns: 200,000,000 bytes a table
+LIMIT = 2_000_000_000
+TABLES = 20  # 4 GB held: twice the limit
+#: Bytes the driver's figure may pass the limit by (allocations outside rmm: streams, kernels' own).
+DRIVER_SLACK = 256 * 2**20
+
+
+def driver_used() -> int:
+    import rmm.mr
+
+    free, total = rmm.mr.available_device_memory()
+    return int(total - free)
+
+
+class PeakSampler:
+    """The CUDA driver's largest used device memory while the ``with`` block runs (sampled every 5 ms)."""
+
+    def __enter__(self) -> PeakSampler:
+        self.peak, self._stop = driver_used(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, driver_used())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def table(i: int) -> pl.LazyFrame:
+    return pl.LazyFrame({"k": np.arange(ROWS, dtype=np.int64)}).with_columns(v=pl.lit(float(i)))
+
+
+@gpu_task
+def total(part: GPUResult) -> pl.LazyFrame:
+    return part.lazy().select(pl.col("v").sum(), pl.col("k").sum(), pl.len())
+
+
+def held_twice_the_limit():
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=LIMIT,
+                                                            spill_results="host")))
+    def tables_under_a_limit():
+        held = [execute(table(i), name=f"table-{i}") for i in range(TABLES)]
+        sums = [collect(total(r)) for r in held]
+        return sums, get_engine_session().summary()
+
+    return tables_under_a_limit()
+
+
+@pytest.fixture(scope="module")
+def warm():
+    """One flow run first: the CUDA context and the kernels stay for the process's life."""
+    held_twice_the_limit()
+
+
+def test_a_flow_holding_twice_its_limit_reads_every_result_back_equal_to_polars_through_pinned_memory(warm):
+    before = driver_used()
+    with PeakSampler() as sampled:
+        sums, summary = held_twice_the_limit()
+    for i, got in enumerate(sums):
+        assert got.row(0) == (i * float(ROWS), ROWS * (ROWS - 1) // 2, ROWS), f"table-{i}"
+    spills = summary["held"]["spills"]
+    assert spills["results"] >= TABLES // 2 and spills["routes"] == {"pinned": spills["results"]}, spills
+    assert spills["back"] == spills["results"] and spills["back_seconds"] > 0
+    assert summary["counts"]["released_unconsumed"] == 0
+    assert sampled.peak - before <= LIMIT + DRIVER_SLACK, (
+        f"driver: {before:,} bytes before the flow run, a peak of {sampled.peak:,} during it")
+    assert driver_used() - before <= DRIVER_SLACK
+
+
+def test_tee_copies_a_loaded_table_on_the_device_and_each_copy_reads_equal_to_polars(tmp_path):
+    path = tmp_path / "table.parquet"
+    table(3).collect().write_parquet(path)
+    built = []
+
+    @gpu_task
+    def loaded() -> pl.LazyFrame:
+        built.append(1)
+        return pl.scan_parquet(path)
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", raise_on_fail=True)))
+    def split():
+        copies = tee(loaded(), 3)
+        return [collect(total(c)).row(0) for c in copies], get_engine_session().counts
+
+    rows, counts = split()
+    assert rows == [(3.0 * ROWS, ROWS * (ROWS - 1) // 2, ROWS)] * 3
+    assert built == [1]  # the copies are device copies: the table was loaded once
+    # The table, its 3 copies (the first takes over its partitions) and 3 sums; every one read.
+    assert counts["produced"] == 7 and counts["consumed"] == 7 and counts["released_unconsumed"] == 0
