@@ -343,6 +343,10 @@ def released_message(what: str, owner: Any) -> str:
             "run and return the host DataFrame.")
 
 
+#: How :class:`~prefect_cudf_polars.blocks.runs.RunIdentity` names code outside any Prefect run.
+OUTSIDE_RUNS = "code outside any Prefect run"
+
+
 def consumed_message(what: str, by: str, how: str) -> str:
     """Why ``what`` cannot be claimed: ``by`` claimed it (``how``: ``"earlier attempt"``, ``"same run"`` or ``"other"``)."""
     if how == "earlier attempt":  # a retry reading a result it was not given: gpu_task's retries recompute arguments
@@ -351,6 +355,7 @@ def consumed_message(what: str, by: str, how: str) -> str:
                 "a `gpu_task` and pass it the result as an argument, or collect the result before this task and "
                 "pass it the host DataFrame.")
     if how == "same run":  # a read after a query of the run that claimed it ran
+        by = "thread (code outside any Prefect run)" if by == OUTSIDE_RUNS else by
         return (f"{what} was already read by a query that ran in this same {by}: a GPU result is read by one "
                 f"query (which may read it several times, as a self-join does). To read it in two queries, "
                 f"{SPLIT_WITH_TEE}.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
+from prefect_cudf_polars.blocks.errors import OUTSIDE_RUNS
+
 
 class RunIdentity(NamedTuple):
     """
@@ -38,4 +40,4 @@ def current_run() -> RunIdentity:
         return RunIdentity(f"task run {run.name!r} (id {run.id})", str(run.id), run.id, run.run_count)
     if (run := getattr(FlowRunContext.get(), "flow_run", None)) is not None:
         return RunIdentity(f"flow run {run.name!r} (id {run.id})", str(run.id), None)
-    return RunIdentity("code outside any Prefect run", f"thread {threading.get_ident()}", None)
+    return RunIdentity(OUTSIDE_RUNS, f"thread {threading.get_ident()}", None)
