@@ -7,8 +7,9 @@ runs the sends in order, each in its caller's context, so Prefect's
 it. Prefect's own queue services run on its global event loop thread, where
 starting another of its services from a handler waits on a lock a starting
 service holds while it waits for that same thread: so this is a plain thread.
-It drains at interpreter exit before Prefect's workers stop, and a forked
-child starts its own.
+A session's end waits until the queue has handed its sends on; at interpreter
+exit the queue waits up to :data:`EXIT_WAIT_S` seconds for what is left, and a
+forked child starts a queue of its own.
 """
 
 from __future__ import annotations
