@@ -69,9 +69,10 @@ class ResultBook:
 
     def frames_out(self) -> bool:
         """Whether a plan may read a frame of this session's results: one was claimed and no query has read it
-        yet, or one reads rows in host memory (which a second query could scan again). Other plans need no look."""
+        yet (or it was released before one did: that read is refused as released), or one reads rows in host
+        memory (which a second query could scan again). Other plans need no look."""
         with self._lock:
-            self._framed = weakref.WeakSet(r for r in self._framed if r.frame_out)
+            self._framed = weakref.WeakSet(r for r in self._framed if r.frame_out or r.state == "released")
             return bool(self._framed) or bool(self._host_framed)
 
     def scanned(self, plan: str) -> list[GPUResult]:

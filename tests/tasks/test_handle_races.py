@@ -125,6 +125,16 @@ def test_a_release_while_a_query_reads_the_result_leaves_it_consumed_and_the_que
         assert session.counts["consumed"] == 1 and session.counts["released_unconsumed"] == 0
 
 
+def test_a_frame_whose_result_was_released_before_any_query_read_it_is_refused_as_released(orders):
+    with CudfPolarsEngine(backend="cpu").session() as session:
+        r = session.execute(pl.scan_parquet(orders), name="let-go")
+        frame = r.lazy()
+        r.release()
+        with pytest.raises(ResultReleasedError, match="GPUResult 'let-go' .* was released"):
+            session.collect(frame.select(pl.len()))
+        assert r.state == "released" and session.counts["released_unconsumed"] == 0
+
+
 def test_a_session_end_racing_a_claim_leaves_a_handle_that_keeps_nothing_of_the_engine(orders):
     for _ in range(ROUNDS):  # entered in a context of its own, so it is not left active here
         session = contextvars.copy_context().run(CudfPolarsEngine(backend="cpu").session().__enter__)
