@@ -63,7 +63,7 @@ def rows_and_sum(running: Any, persisted: Any) -> tuple[int, int]:
     return int(out[0, 0]), int(out[0, 1])
 
 
-def one_round(running: Any, source: pl.DataFrame, route: str) -> dict[str, float]:
+def one_round(running: Any, source: pl.DataFrame, route: str, pool_bytes: int) -> dict[str, float]:
     """On the owner thread: make the result, move it out and back by ``route``; seconds each way and its bytes."""
     flags = pl.QueryOptFlags()
     persisted = running.execute(source.lazy(), flags)
@@ -80,7 +80,7 @@ def one_round(running: Any, source: pl.DataFrame, route: str) -> dict[str, float
     else:
         streaming.PACK_VIA_DEVICE = route == "pinned, packed via device"
         started = time.perf_counter()
-        assert running.move_out(persisted), "the backend cannot move a result into pinned memory"
+        assert running.move_out(persisted, pool_bytes), "the backend cannot move a result into pinned memory"
         out = time.perf_counter() - started
         started = time.perf_counter()
         running.move_back(persisted)
@@ -124,13 +124,13 @@ def measure(sizes: list[float], runs: int, lineitem: str | None) -> dict[str, An
     """Every size's rounds (module docstring), then ``tee``'s; GB/s and ms per GB as medians."""
     out: dict[str, Any] = {"sizes": {}, "runs": runs}
     with CudfPolarsEngine(backend="spmd", raise_on_fail=True).session() as session:
-        running = session.running_engine
+        running, pool_bytes = session.running_engine, session.summary()["held"]["host_limit"]
         for size in sizes:
             source = table(rows_of(size))
             rounds: dict[str, list[dict[str, float]]] = {route: [] for route in ROUTES}
             for index in range(runs + 1):
                 for route in ROUTES:
-                    measured = session.run(one_round, running, source, route)
+                    measured = session.run(one_round, running, source, route, pool_bytes)
                     if index:  # the first round warms up (the pinned pool grows to its size)
                         rounds[route].append(measured)
             del source

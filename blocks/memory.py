@@ -326,7 +326,7 @@ class MemoryLedger:
         def out(persisted: PersistedResult) -> PersistedResult | None:  # under the result's lock: no claim meanwhile
             if persisted.moved_out:
                 return None
-            if running.move_out(persisted):  # packed into pinned memory in place: the handle's frames stay valid
+            if running.move_out(persisted, self.host_limit):  # packed into pinned memory in place: the handle's frames stay valid
                 route.append(PINNED)
                 return persisted
             try:
@@ -358,7 +358,8 @@ class MemoryLedger:
             moved(result, way, seconds, route)
 
     def summary(self) -> dict[str, Any]:
-        """``limit`` (bytes per rank), ``ranks``, ``peak_held`` (bytes on one rank), ``spill_results`` and ``spills``."""
+        """``limit`` (bytes per rank), ``ranks``, ``peak_held`` (bytes on one rank), ``spill_results``, ``spills``
+        and ``host_limit`` (``host_spill_limit`` in bytes)."""
         with self._lock:
-            return {"limit": self.limit, "ranks": self.ranks, "peak_held": self.peak_held,
-                    "spill_results": self.spill, "spills": dict(self.spills)}
+            return {"limit": self.limit, "ranks": self.ranks, "peak_held": self.peak_held, "spill_results": self.spill,
+                    "spills": {**self.spills, "routes": dict(self.spills["routes"])}, "host_limit": self.host_limit}

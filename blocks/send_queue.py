@@ -25,6 +25,8 @@ from prefect_cudf_polars.blocks.backends.compat import register_before_thread_sh
 
 logger = logging.getLogger("prefect_cudf_polars")
 
+#: The queue's thread.
+THREAD_NAME = "prefect-cudf-polars-telemetry"
 #: Seconds the interpreter's exit waits for what is still queued.
 EXIT_WAIT_S = 5.0
 
@@ -40,8 +42,7 @@ def send_later(send: Callable[[], None]) -> None:
         with _lock:
             if _started_in != os.getpid():  # first use, or a forked child: a new queue and thread
                 _queue = queue.SimpleQueue()
-                threading.Thread(target=_serve, args=(_queue,), name="prefect-cudf-polars-telemetry",
-                                 daemon=True).start()
+                threading.Thread(target=_serve, args=(_queue,), name=THREAD_NAME, daemon=True).start()
                 if _started_in is None:
                     register_before_thread_shutdown(lambda: wait_sent(EXIT_WAIT_S))
                 _started_in = os.getpid()
@@ -51,7 +52,7 @@ def send_later(send: Callable[[], None]) -> None:
 def wait_sent(timeout: float) -> bool:
     """Wait up to ``timeout`` seconds until every send queued so far has run; whether it has (True at once when none
     was ever queued, or on the queue's own thread)."""
-    if _started_in != os.getpid() or threading.current_thread().name == "prefect-cudf-polars-telemetry":
+    if _started_in != os.getpid() or threading.current_thread().name == THREAD_NAME:
         return True
     done = threading.Event()
     send_later(done.set)

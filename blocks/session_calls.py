@@ -284,7 +284,7 @@ class EngineCalls:
                         return None
                     try:
                         copied = self._check_open().engine.copy(persisted)
-                    except (MemoryError, RuntimeError) as exc:  # out of device memory: said as DeviceMemoryError
+                    except Exception as exc:  # out of device memory is said as DeviceMemoryError
                         raise_engine_error(exc)
                     if copied is None:
                         return None

@@ -105,10 +105,11 @@ class RunningEngine(abc.ABC):
     def read(self, persisted: PersistedResult | None = None) -> Reading:
         """Memory in use now and, given a result, its rows and bytes (one call to the ranks)."""
 
-    def move_out(self, persisted: PersistedResult) -> bool:
+    def move_out(self, persisted: PersistedResult, pool_bytes: int) -> bool:
         """
         Move ``persisted``'s partitions into pinned host memory in place (on the owner thread): its ``lazy()`` frames
-        stay valid once :meth:`move_back` has run. False where this backend cannot (nothing moved).
+        stay valid once :meth:`move_back` has run. False where this backend cannot (nothing moved). ``pool_bytes``:
+        the most the engine's pinned pool, made at its first move, may grow to.
 
         Raises
         ------

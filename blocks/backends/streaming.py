@@ -132,10 +132,9 @@ class StreamingRunningEngine(RunningEngine):
         Backend facts for logs and artifacts (the Dask dashboard, the cluster); empty until the backend sets them.
     """
 
-    def __init__(self, backend: str, stack: ExitStack, memory_limit: int | None = None,
-                 host_limit: int | None = None) -> None:
+    def __init__(self, backend: str, stack: ExitStack, memory_limit: int | None = None) -> None:
         silence_unstable_warning()
-        self.backend, self.memory_limit, self.host_limit = backend, memory_limit, host_limit
+        self.backend, self.memory_limit = backend, memory_limit
         self.engine: Any = None
         self._pinned: Any = None  # the pinned host memory pool of moved results, made at the first move
         self.extra: dict[str, Any] = {}
@@ -159,11 +158,11 @@ class StreamingRunningEngine(RunningEngine):
     def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.DataFrame:
         return lf.collect(engine=self.engine, optimizations=flags)
 
-    def move_out(self, persisted: Any) -> bool:
+    def move_out(self, persisted: Any, pool_bytes: int) -> bool:
         # spmd's one rank is this process; on dask and ray the partitions live in the ranks' processes.
         if self.backend != "spmd" or persisted.packed is not None:
             return False
-        persisted.packed = compat.pack_partitions(persisted.query_result, self.pinned_pool(), take=True,
+        persisted.packed = compat.pack_partitions(persisted.query_result, self.pinned_pool(pool_bytes), take=True,
                                                   via_device=PACK_VIA_DEVICE)
         return True
 
@@ -179,15 +178,15 @@ class StreamingRunningEngine(RunningEngine):
         self._produced.add(query_result)
         return StreamingPersistedResult(query_result)
 
-    def pinned_pool(self) -> Any:
+    def pinned_pool(self, pool_bytes: int) -> Any:
         """
         The engine's pool of pinned host memory for moved results: an ``rmm.mr.PoolMemoryResource`` over
-        ``PinnedHostMemoryResource`` (``cudaHostAlloc``), made at the first move, growing to ``host_limit``.
+        ``PinnedHostMemoryResource`` (``cudaHostAlloc``), made at the first move, growing to ``pool_bytes`` then.
         """
         if self._pinned is None:
             import rmm.mr
 
-            most = (self.host_limit or 2**30) // PINNED_ALIGNMENT * PINNED_ALIGNMENT
+            most = max(pool_bytes // PINNED_ALIGNMENT * PINNED_ALIGNMENT, PINNED_ALIGNMENT)
             self._pinned = rmm.mr.PoolMemoryResource(rmm.mr.PinnedHostMemoryResource(), maximum_pool_size=most,
                                                      initial_pool_size=min(PINNED_FIRST, most))
         return self._pinned
@@ -230,5 +229,4 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
     """Create an ``SPMDEngine`` from the block's options (call on the owner thread); its shutdown goes on ``stack``."""
     from cudf_polars.engine.spmd import SPMDEngine
 
-    running = StreamingRunningEngine("spmd", stack, limit, block.host_spill_limit_bytes(host_memory_per_gpu("spmd")))
-    return running.enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)
+    return StreamingRunningEngine("spmd", stack, limit).enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)

@@ -107,15 +107,19 @@ class ErrorLines(logging.Handler):
         self.messages.append(f"{record.name}: {record.getMessage()}")
 
 
-@pytest.fixture()
-def console_errors():
-    handler = ErrorLines()
-    loggers = [logging.getLogger(name) for name in ErrorLines.LOGGERS]
+def attached(handler: Lines | ErrorLines):
+    """``handler`` on each of its class's ``LOGGERS`` while the test runs (a fixture's body)."""
+    loggers = [logging.getLogger(name) for name in type(handler).LOGGERS]
     for logger in loggers:
         logger.addHandler(handler)
     yield handler
     for logger in loggers:
         logger.removeHandler(handler)
+
+
+@pytest.fixture()
+def console_errors():
+    yield from attached(ErrorLines())
 
 
 #: Seconds of one request for the slots in the tests of a wait longer than one request (the
@@ -132,13 +136,7 @@ def request_slice(monkeypatch) -> float:
 
 @pytest.fixture()
 def lines():
-    handler = Lines()
-    loggers = [logging.getLogger(name) for name in Lines.LOGGERS]
-    for logger in loggers:
-        logger.addHandler(handler)
-    yield handler
-    for logger in loggers:
-        logger.removeHandler(handler)
+    yield from attached(Lines())
 
 
 def test_a_limit_occupies_its_bytes_in_whole_gib_rounded_up():
