@@ -240,7 +240,9 @@ class CudfPolarsEngine(Block, EngineOptions):
                      json_schema_input_type=_MemoryAmount)
     @classmethod
     def _check_limit(cls, value: Any, info: ValidationInfo) -> int | str | None:
-        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        if value is None and cls.model_fields[info.field_name].default is None:  # an optional limit, unset
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
         if isinstance(value, str) and re.match(MEMORY_AMOUNT_PATTERN, value.strip()):
             return value.strip()

@@ -116,6 +116,9 @@ def test_without_cudf_polars_executor_options_are_checked_against_the_26_10_name
         ({"device_memory_limit": "40GB"}, r"device_memory_limit='40GB' is not a percentage"),
         ({"device_memory_limit": "0%"}, r"device_memory_limit='0%' is not a percentage"),
         ({"spill_results": "disk"}, r"spill_results.*'off' or 'host'"),
+        ({"host_spill_limit": 0.5}, r'host_spill_limit=0\.5 is a float, not a percentage of the host memory per GPU.*'
+                                    r'write a percentage: "50%"'),
+        ({"host_spill_limit": None}, r"host_spill_limit=None is not a percentage of the host memory per GPU"),
         ({"admission_limit": "gpu-memory"}, r"admission_limit='gpu-memory' needs device_memory_limit"),
         ({"admission_limit": "gpu-memory", "device_memory_limit": 8 << 30, "admission_timeout": 0},
          r"admission_timeout.*greater than 0"),
@@ -130,6 +133,8 @@ def test_memory_fields_keep_what_they_allow():
     block = CudfPolarsEngine(device_memory_limit=" 40% ", spill_results="host", admission_limit="gpu-memory")
     assert (block.device_memory_limit, block.spill_results, block.admission_limit) == ("40%", "host", "gpu-memory")
     assert CudfPolarsEngine().spill_results == "off" and CudfPolarsEngine().device_memory_limit is None
+    assert CudfPolarsEngine().host_spill_limit_bytes(8_000) == 4_000  # "50%" of the host memory per GPU
+    assert CudfPolarsEngine(host_spill_limit=3_000_000).host_spill_limit_bytes(None) == 3_000_000
 
 
 def test_a_pool_larger_than_the_device_memory_limit_is_refused():
