@@ -208,11 +208,12 @@ def test_ui_shows_the_session_summary_and_each_gpu_task_runs_result_on_a_1280_px
             shot = tmp_path / "session-summary.png"
             page.screenshot(path=shot, full_page=True)
             # Every table fits a 1,280 px page, in the V1 UI and the V2 UI.
-            assert page.locator("table").count() == 3
+            expect(page.locator("table")).to_have_count(3)  # waits for the tables the markdown renders
             assert page.evaluate(OVERFLOWING_TABLES) == []
             page.goto(f"{server['ui']}/v2/artifacts/artifact/{summary.id}")
             expect(page.get_by_text("Results (4)")).to_be_visible(timeout=60_000)
-            assert page.locator("table").count() == 3 and page.evaluate(OVERFLOWING_TABLES) == []
+            expect(page.locator("table")).to_have_count(3)  # the V2 UI renders the heading before the tables
+            assert page.evaluate(OVERFLOWING_TABLES) == []
             # A GPU task run's page says what it made on the engine.
             page.goto(f"{server['ui']}/runs/task-run/{runs['worst-routes'].id}")
             expect(page.get_by_text("cudf-polars result 'worst-routes': 20 rows, ")).to_be_visible(timeout=60_000)
