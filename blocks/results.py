@@ -335,20 +335,25 @@ class GPUResult:
         self._let_go(release=False)
 
     def _let_go(self, *, release: bool) -> None:
-        """Let go of the partitions, the plan, the held inputs and the frame (under the lock), then free them; with
-        ``release``, a live result, or a claimed one whose frame no query read, becomes ``"released"``."""
+        """Let go of what it holds (:meth:`_taken`), then free it; with ``release``, a live result, or a claimed one
+        whose frame no query read, becomes ``"released"``."""
         with self._lock:
             was_live = release and self._state == "live"
             if was_live or (release and self._frame is not None):
                 self._state = "released"
-            persisted, held = self._persisted, self._held
-            self._persisted, self._held, self._plan, self._frame = None, (), None, None
+            persisted, held = self._taken()
         if was_live:
             self._owner.released(self)
         if persisted is not None:
             self._owner.free(persisted)
         for result in held:
             result.free()
+
+    def _taken(self) -> tuple[PersistedResult | None, tuple[GPUResult, ...]]:
+        """Under the lock: let go of the partitions, the plan, the held inputs and the frame; the partitions and inputs."""
+        taken = self._persisted, self._held
+        self._persisted, self._held, self._plan, self._frame = None, (), None, None
+        return taken
 
     def move(self, mover: Callable[[PersistedResult], PersistedResult | None]) -> PersistedResult | None:
         """While live and holding partitions, hold ``mover(persisted)`` instead (unless ``None``) and return it."""
@@ -360,11 +365,9 @@ class GPUResult:
             return moved
 
     def drop_partitions(self) -> None:
-        """On the engine's owner thread: let go of the partitions, the plan, the held inputs and the frame (under the
-        lock), and free them now; the state stays."""
+        """On the engine's owner thread: let go of what it holds (:meth:`_taken`) and free it now; the state stays."""
         with self._lock:
-            persisted, held = self._persisted, self._held
-            self._persisted, self._held, self._plan, self._frame = None, (), None, None
+            persisted, held = self._taken()
         if persisted is not None:
             persisted.release()
         for result in held:
@@ -382,10 +385,9 @@ class GPUResult:
             self._owner = tombstone
             if self._state == "live":
                 self._state = "released"
-            persisted = self._persisted
-            if drop:
-                self._persisted, self._held, self._plan, self._frame, self.lineage = None, (), None, None, None
-        if drop and persisted is not None:
+            persisted = self._taken()[0] if drop else None
+            self.lineage = None if drop else self.lineage
+        if persisted is not None:
             persisted.forget()
 
     def __enter__(self) -> GPUResult:
@@ -425,13 +427,6 @@ def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
 def claimed_by(results: Sequence[GPUResult], run: RunIdentity) -> list[GPUResult]:
     """The ``results`` that ``run`` claimed (:meth:`GPUResult.claimed_in`)."""
     return [r for r in results if r.claimed_in(run)]
-
-
-def release_partitions(results: Sequence[GPUResult]) -> None:
-    """On the engine's thread, at their session's end: free what ``results`` still hold; their handles keep their
-    states and hold nothing after it."""
-    for result in results:
-        result.drop_partitions()
 
 
 def stable_transform(result: GPUResult) -> dict[str, str]:

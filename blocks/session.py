@@ -42,7 +42,7 @@ from prefect_cudf_polars.blocks.errors import ENDED_WITH_BLOCK, ENDED_WITH_RUN, 
 from prefect_cudf_polars.blocks.memory import MemoryLedger
 from prefect_cudf_polars.blocks.result_book import ResultBook
 from prefect_cudf_polars.blocks.result_owner import EndedSession
-from prefect_cudf_polars.blocks.results import GPUResult, release_partitions
+from prefect_cudf_polars.blocks.results import GPUResult
 from prefect_cudf_polars.blocks.session_calls import EngineCalls
 from prefect_cudf_polars.blocks.telemetry import SessionTelemetry, logger, user_stacklevel
 
@@ -376,7 +376,7 @@ class EngineSession(EngineCalls):
         if self._owns_host:
             return host.shutdown(limit, before=self._last_call)
         holding = [r for r in self.held_results()[0] if r.holding]
-        return host.run_bounded(lambda: release_partitions(holding), timeout=limit)
+        return host.run_bounded(lambda: [r.drop_partitions() for r in holding], timeout=limit)
 
     def close_at_exit(self) -> None:
         """Close at interpreter exit: Prefect's services may have stopped, so say nothing to Prefect."""

@@ -128,16 +128,16 @@ def run_line(log: tuple[Any, Any] | None, msg: str | Callable[[], str]) -> None:
 
 def summary_key(flow_name: str) -> str:
     """The summary artifact's key, ``<flow-name>-cudf-polars-session`` (Prefect keys: lowercase, digits, dashes)."""
-    return f"{_slug(flow_name) or 'flow'}-cudf-polars-session"
+    return _key(flow_name, "flow", "cudf-polars-session")
 
 
 def result_key(name: str) -> str:
     """A per-result artifact's key, its title in the UI: ``<result-name>-gpu-result``, one version per result."""
-    return f"{_slug(name) or 'query'}-gpu-result"
+    return _key(name, "query", "gpu-result")
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+def _key(text: str, default: str, suffix: str) -> str:
+    return f"{re.sub(r'[^a-z0-9-]+', '-', text.lower()).strip('-') or default}-{suffix}"
 
 
 #: Top-level modules whose frames :func:`user_stacklevel` steps past.
