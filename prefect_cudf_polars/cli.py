@@ -386,10 +386,10 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     from prefect_cudf_polars.blocks.admission import slots_for
     from prefect_cudf_polars.blocks.errors import invalid_fields
 
-    limit, timeout = args.device_memory_limit, getattr(args, "admission_timeout", None)
+    limit = args.device_memory_limit
+    fields = ("backend", "device_memory_limit", "admission_limit", "admission_timeout")
     try:  # the block's own validators say what each field allows (and that admission_limit needs a limit)
-        CudfPolarsEngine(backend=args.backend, device_memory_limit=limit, admission_limit=args.admission_limit,
-                         **({"admission_timeout": timeout} if timeout is not None else {}))
+        CudfPolarsEngine(**{name: getattr(args, name) for name in fields if getattr(args, name, None) is not None})
     except ValidationError as exc:
         parser.error(invalid_fields(exc))
     if args.command != "deploy" or args.admission_limit is None:
@@ -414,32 +414,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     note = None
     if args.command == "deploy":
         args.backend, args.cpu_fallback, note = deploy_backend(args.backend, args.cpu_fallback)
-    if args.command in ("save-engine", "deploy"):
-        check_engine_arguments(parser, args)
-    try:
-        if args.command == "save-engine":
-            block_id = save_engine(args.name, backend=args.backend, cpu_fallback=args.cpu_fallback,
-                                   device_memory_limit=args.device_memory_limit, admission_limit=args.admission_limit,
-                                   admission_timeout=args.admission_timeout)
-            print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
-        elif args.command == "admission-limit":
-            from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
-            from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE
+    if args.command == "admission-limit":
+        from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
+        from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE
 
-            if not re.match(LIMIT_NAME_PATTERN, args.name):
-                parser.error(f"{args.name!r} is not {LIMIT_NAME_RULE}")
-            set_admission_limit(args.name, args.slots)
-            print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
-        else:
-            if note is not None:
-                print(note, flush=True)
-            deploy(engine_block=args.engine_block, backend=args.backend, pool=args.pool,
-                   project_dir=args.project_dir, cpu_fallback=args.cpu_fallback,
-                   device_memory_limit=args.device_memory_limit, admission_limit=args.admission_limit,
-                   gpu_memory_gib=args.gpu_memory_gib)
-    except DeployError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        if not re.match(LIMIT_NAME_PATTERN, args.name):
+            parser.error(f"{args.name!r} is not {LIMIT_NAME_RULE}")
+    else:
+        check_engine_arguments(parser, args)
+    # A command's arguments are named as the parameters of its function.
+    options = {name: value for name, value in vars(args).items() if name not in ("command", "commands")}
+    if args.command == "save-engine":
+        block_id = save_engine(**options)
+        print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
+    elif args.command == "admission-limit":
+        set_admission_limit(**options)
+        print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
+    else:
+        if note is not None:
+            print(note, flush=True)
+        try:
+            deploy(**options)
+        except DeployError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 
