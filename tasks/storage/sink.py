@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,11 +106,7 @@ def _check_s3_target(location: S3Location, access: S3Access, *, overwrite: bool)
     return client
 
 
-def _written_files(folder: Path) -> list[Path]:
-    return [folder] if folder.is_file() else sorted(p for p in folder.rglob("*.parquet") if p.is_file())
-
-
-def _upload(files: list[Path], folder: Path, location: S3Location, access: S3Access, client: Any) -> list[str]:
+def _upload(files: list[Path], folder: Path, *, location: S3Location, access: S3Access, client: Any) -> list[str]:
     keys: list[str] = []
     for path in files:
         key = location.folder_key(path.relative_to(folder).as_posix())
@@ -127,6 +124,7 @@ def _upload(files: list[Path], folder: Path, location: S3Location, access: S3Acc
                 f"{cleaned}, and every part is kept in {str(folder)!r} for you to upload or inspect.",
                 url=location.url, reason=error.reason) from None
         keys.append(key)
+    shutil.rmtree(folder, ignore_errors=True)
     return [f"s3://{location.bucket}/{k}" for k in keys]
 
 
@@ -194,26 +192,23 @@ def sink_parquet(
         raise ValueError(f"compression={compression!r} is not one of {', '.join(COMPRESSIONS)}.")
     if not isinstance(result, GPUResult):
         raise TypeError(wrong_type("sink_parquet", "a GPUResult", result, "write host data with polars"))
-    remote = is_s3_url(target)
-    location = access = client = None
+    upload = None  # for s3:// targets: what uploads the staged part files
     with EngineCall(result) as call:  # the result is checked first: overwrite deletes only for a readable one
         result, session = call.args, call.session
-        if remote:  # a refused target claims nothing: the result stays live
-            location = parse_s3_url(target)
-            access = resolve_s3_access(credentials)
-            client = _check_s3_target(location, access, overwrite=overwrite)
+        if is_s3_url(target):  # a refused target claims nothing: the result stays live
+            location, access = parse_s3_url(target), resolve_s3_access(credentials)
+            upload = partial(_upload, location=location, access=access,
+                             client=_check_s3_target(location, access, overwrite=overwrite))
             folder = Path(tempfile.mkdtemp(prefix="cudf-polars-sink-", dir=staging_dir))
             os.rmdir(folder)  # the engine creates it (cudf-polars refuses none on spmd)
         else:
             folder = Path(target).expanduser().resolve()
             _check_local_target(folder, overwrite=overwrite)
-        asset = declare_target(target if remote else str(folder))
+            target = str(folder)
+        asset = declare_target(target)
         schema = {name: str(dtype) for name, dtype in result.schema.items()}
         # polars' CPU sink writes one file; cudf-polars' streaming engines a folder of parts.
-        on_cpu = session.backend == "cpu"
-        sink_path = folder / "part.000000.parquet" if on_cpu else folder
-        if on_cpu:
-            folder.mkdir(parents=True, exist_ok=True)
+        sink_path = folder / "part.000000.parquet" if session.backend == "cpu" else folder
         try:
             call.collect(result.lazy().sink_parquet(str(sink_path), compression=compression,  # type: ignore[arg-type]
                                                     mkdir=True, lazy=True))
@@ -222,16 +217,11 @@ def sink_parquet(
             shutil.rmtree(folder, ignore_errors=True)
             raise
 
-    files = _written_files(folder)
+    files = sorted(path for path in folder.rglob("*.parquet") if path.is_file())
     rows = sum(pq.read_metadata(f).num_rows for f in files)
     size = sum(f.stat().st_size for f in files)
-    if remote:
-        assert location is not None and access is not None
-        written = _upload(files, folder, location, access, client)
-        shutil.rmtree(folder, ignore_errors=True)
-    else:
-        written = [str(f) for f in files]
-    summary = ParquetSinkSummary(target=target if remote else str(folder), files=written, rows=rows, bytes=size,
+    written = [str(f) for f in files] if upload is None else upload(files, folder)
+    summary = ParquetSinkSummary(target=target, files=written, rows=rows, bytes=size,
                                  backend=session.backend or "unknown")
     record_written(asset, {"rows": rows, "bytes": size, "schema": schema, "backend": summary.backend,
                            "files": len(written)})
