@@ -85,13 +85,9 @@ class S3Access:
             ``aws_endpoint_url`` (polars allows an ``http://`` endpoint as given),
             or ``aws_skip_signature`` when anonymous.
         """
-        options = {"aws_region": self.region, "aws_endpoint_url": self.endpoint_url or None}
-        if self.anonymous:
-            options["aws_skip_signature"] = "true"
-        else:
-            options["aws_access_key_id"] = _reveal(self.access_key_id)
-            options["aws_secret_access_key"] = _reveal(self.secret_access_key)
-            options["aws_session_token"] = _reveal(self.session_token)
+        names = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+        options = {"aws_region": self.region, "aws_endpoint_url": self.endpoint_url or None,
+                   "aws_skip_signature": "true" if self.anonymous else None, **dict(zip(names, self._keys()))}
         return {name: value for name, value in options.items() if value is not None}
 
     def environment(self) -> dict[str, str | None]:
@@ -105,10 +101,9 @@ class S3Access:
             for the call" (so a stale ``AWS_ENDPOINT_URL`` or session token of the
             process is not picked up).
         """
-        keys = () if self.anonymous else (self.access_key_id, self.secret_access_key, self.session_token)
         names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
         return {"AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region, "AWS_ENDPOINT_URL": self.endpoint_url,
-                **dict.fromkeys(names), **dict(zip(names, map(_reveal, keys)))}
+                **dict(zip(names, self._keys()))}
 
     def client(self) -> Any:
         """
@@ -122,12 +117,16 @@ class S3Access:
         from botocore import UNSIGNED
         from botocore.config import Config
 
+        key_id, secret_key, token = self._keys()
         return boto3.session.Session().client(
             "s3", region_name=self.region, endpoint_url=self.endpoint_url, verify=self.verify,
             config=Config(signature_version=UNSIGNED) if self.anonymous else None,
-            aws_access_key_id=None if self.anonymous else _reveal(self.access_key_id),
-            aws_secret_access_key=None if self.anonymous else _reveal(self.secret_access_key),
-            aws_session_token=_reveal(self.session_token))
+            aws_access_key_id=key_id, aws_secret_access_key=secret_key, aws_session_token=token)
+
+    def _keys(self) -> list[str | None]:
+        """Key id, secret key and session token as plain text (``None`` each when anonymous)."""
+        keys = (self.access_key_id, self.secret_access_key, self.session_token)
+        return [None if self.anonymous else _reveal(key) for key in keys]
 
     def secrets(self) -> list[str]:
         """The secret strings (key id, secret key, session token) to keep out of messages."""
@@ -192,22 +191,20 @@ def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
         raise ValueError(f"The AwsCredentials block's endpoint_url {endpoint!r} is not an http:// or https:// URL; set "
                          "aws_client_parameters.endpoint_url to the S3-compatible server's URL, for example "
                          "'http://127.0.0.1:9000'.")
-    verify = params.verify is not False
     explicit = credentials.aws_access_key_id and credentials.aws_secret_access_key
     # assume_role_arn arrived in prefect-aws 0.7 (the floor in pyproject); read it defensively.
     if explicit and not getattr(credentials, "assume_role_arn", None):
-        token = SecretStr(credentials.aws_session_token) if credentials.aws_session_token else None
-        return S3Access(access_key_id=SecretStr(credentials.aws_access_key_id or ""),
-                        secret_access_key=credentials.aws_secret_access_key, session_token=token,
-                        region=credentials.region_name or DEFAULT_REGION, endpoint_url=endpoint, verify=verify)
-    session = credentials.get_boto3_session()
-    found = session.get_credentials()
-    frozen = found.get_frozen_credentials() if found is not None else None
-    return S3Access(access_key_id=SecretStr(frozen.access_key) if frozen else None,
-                    secret_access_key=SecretStr(frozen.secret_key) if frozen else None,
-                    session_token=SecretStr(frozen.token) if frozen and frozen.token else None,
-                    region=credentials.region_name or session.region_name or DEFAULT_REGION,
-                    endpoint_url=endpoint, verify=verify)
+        keys = (credentials.aws_access_key_id, _reveal(credentials.aws_secret_access_key),
+                credentials.aws_session_token)
+        region = credentials.region_name
+    else:
+        session = credentials.get_boto3_session()
+        found = session.get_credentials()
+        frozen = found.get_frozen_credentials() if found is not None else None
+        keys = (frozen.access_key, frozen.secret_key, frozen.token) if frozen else (None, None, None)
+        region = credentials.region_name or session.region_name
+    return S3Access(*(SecretStr(key) if key else None for key in keys), region=region or DEFAULT_REGION,
+                    endpoint_url=endpoint, verify=params.verify is not False)
 
 
 def scrub(text: str, access: S3Access | None) -> str:
