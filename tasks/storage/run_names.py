@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from itertools import takewhile
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -21,11 +22,9 @@ _PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 def _one_name(source: str) -> str:
-    path = re.sub(r"^s3://", "", str(source)).rstrip("/")
-    parts = PurePosixPath(path).parts
-    globbed = [i for i, part in enumerate(parts) if GLOB.search(part)]
-    if globbed:  # trips/*.parquet, trips/2024-*/part.parquet: the folder above the pattern
-        parts = parts[: globbed[0]]
+    parts = PurePosixPath(re.sub(r"^s3://", "", str(source)).rstrip("/")).parts
+    # trips/*.parquet, trips/2024-*/part.parquet: the folder above the pattern
+    parts = tuple(takewhile(lambda part: not GLOB.search(part), parts))
     if not parts:
         return "parquet"
     last = PurePosixPath(parts[-1])
@@ -49,10 +48,8 @@ def source_name(source: str | Sequence[str]) -> str:
         and how many more (``"jan-and-2-more"``); ``"parquet"`` when nothing is left.
     """
     sources = [source] if isinstance(source, str) else [str(s) for s in source]
-    if not sources:
-        return "parquet"
-    first = _one_name(sources[0]) or "parquet"
-    return first if len(sources) == 1 else f"{first}-and-{len(sources) - 1}-more"
+    first = _one_name(sources[0]) if sources else "parquet"
+    return first if len(sources) <= 1 else f"{first}-and-{len(sources) - 1}-more"
 
 
 def read_parquet_run_name(parameters: dict[str, Any]) -> str:
