@@ -11,7 +11,6 @@ The package's own ``__init__`` (which loads everything into pandas) is never imp
 from __future__ import annotations
 
 import importlib.util
-import io
 import os
 import zipfile
 from pathlib import Path
@@ -51,11 +50,11 @@ def package_data_dir() -> Path:
 
 
 def _read_csv(source: Path) -> pl.DataFrame:
+    data: Path | bytes = source
     if source.suffix == ".zip":
         with zipfile.ZipFile(source) as archive:
             data = archive.read(archive.namelist()[0])
-        return pl.read_csv(io.BytesIO(data), null_values="NA", infer_schema_length=None)
-    return pl.read_csv(source, null_values="NA", infer_schema_length=None)
+    return pl.read_csv(data, null_values="NA", infer_schema_length=None)
 
 
 def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
