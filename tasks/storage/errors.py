@@ -111,16 +111,10 @@ def explain(*, url: str, bucket: str, code: str, status: str, access: S3Access, 
         The answer was to a request on the bucket itself (a listing), whose
         "404" means the bucket does not exist.
     """
-    if code in _NO_BUCKET or (bucket_request and status == "404"):
-        reason = "no-bucket"
-    elif code in _CREDENTIALS or (status == "403" and code not in _DENIED):
-        reason = "credentials"
-    elif code in _DENIED:
-        reason = "denied"
-    elif code in _NO_KEY or status == "404":
-        reason = "not-found"
-    else:
-        reason = "failed"
+    reason = ("no-bucket" if code in _NO_BUCKET or (bucket_request and status == "404") else
+              "credentials" if code in _CREDENTIALS or (status == "403" and code not in _DENIED) else
+              "denied" if code in _DENIED else
+              "not-found" if code in _NO_KEY or status == "404" else "failed")
     message = ("Could not {doing} {url}" + _MESSAGES[reason]).format(
         doing=doing, url=url, bucket=bucket, where=access.describe(), code=code, answer=code or "HTTP " + status,
         detail=scrub(detail, access) or code or status)
@@ -161,11 +155,8 @@ def explain_engine_error(exc: BaseException, *, url: str, bucket: str, access: S
         return None
     codes = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "NoSuchKey")
     code = next((candidate for candidate in codes if candidate in text), "")
-    status = ""
-    if "403" in text or "forbidden" in lowered or "lacked the necessary privileges" in lowered:
-        status = "403"
-    elif "404" in text or "not found" in lowered:
-        status = "404"
+    status = ("403" if "403" in text or "forbidden" in lowered or "lacked the necessary privileges" in lowered else
+              "404" if "404" in text or "not found" in lowered else "")
     if not (code or status):
         return None
     return explain(url=url, bucket=bucket, code=code, status=status, access=access, doing=doing, detail=text)
