@@ -33,7 +33,7 @@ from prefect.assets import Asset, AssetProperties, materialize
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from prefect_cudf_polars.blocks import BlockNotFoundError, CudfPolarsEngine, NoGPUError
 from prefect_cudf_polars.blocks.engine_block import load_engine_block
@@ -118,12 +118,10 @@ def _engine(engine_block: str | None) -> CudfPolarsEngine:
 
 def print_report(report: pl.DataFrame, *, backend: str, console: Console | None = None) -> None:
     """Print the report as a table (rich) on the terminal."""
-    table = Table(title=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
-    table.add_column("#", justify="right")
-    for name in ("carrier", "origin", "dest", "dest_name"):
-        table.add_column(name)
-    for name in ("flights", "mean delay (min)", "% >15 min late", "worst month (min)"):
-        table.add_column(name, justify="right")
+    numbers = ("flights", "mean delay (min)", "% >15 min late", "worst month (min)")
+    table = Table(Column("#", justify="right"), "carrier", "origin", "dest", "dest_name",
+                  *(Column(name, justify="right") for name in numbers),
+                  title=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
     for i, row in enumerate(report.iter_rows(named=True), start=1):
         table.add_row(
             str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
