@@ -24,20 +24,18 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
+def _session_of(pid: str) -> int | None:
+    """The session id of process ``pid`` (Linux ``/proc``), or ``None`` once it has ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])  # after the name: state, ppid, pgrp, session
+    except OSError:
+        return None
+
+
 def session_members(sid: int) -> list[int]:
     """Pids of the processes in session ``sid`` (Linux ``/proc``)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-            found.append(int(entry))
-    return found
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _session_of(entry) == sid]
 
 
 def end_session(*_: object) -> None:
