@@ -193,15 +193,12 @@ def rank_reading(uid: str | None = None, query_id: str | None = None) -> list[in
 
     import rmm.mr
 
-    allocated = None
-    mr, seen = rmm.mr.get_current_device_resource(), 0
-    while mr is not None and seen < 8:
-        value = getattr(mr, "current_allocated", None)
-        if value is not None:
+    allocated, mr = None, rmm.mr.get_current_device_resource()
+    for _ in range(8):  # at most 8 resources down the chain (past its end ``mr`` is None and has neither)
+        if (value := getattr(mr, "current_allocated", None)) is not None:
             allocated = int(value() if callable(value) else value)
             break
         mr = getattr(mr, "upstream_mr", None) or getattr(mr, "get_upstream", lambda: None)()
-        seen += 1
     if query_id is None:
         return [allocated, None, None]
     from cudf_polars.engine import rank_local_store
@@ -315,22 +312,18 @@ def is_timed_out_slot_request(record: logging.LogRecord) -> bool:
     %r"`` at ERROR on :data:`PREFECT_SERVICES_LOGGER`. Any other failure of the
     service, or of another service, is not this record.
     """
-    args = record.args
-    if record.msg != "Service %r failed to process item %r" or not isinstance(args, tuple) or len(args) != 2:
-        return False
-    service, item = args
-    if service != "ConcurrencySlotAcquisitionWithLeaseService" or not isinstance(item, tuple) or not item:
+    service, item = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else (None, None)
+    if record.msg != "Service %r failed to process item %r" or not isinstance(item, tuple) or not item:
         return False
     future = item[-1]
-    return (isinstance(future, concurrent.futures.Future) and future.done() and not future.cancelled()
-            and isinstance(future.exception(), TimeoutError))
+    return (service == "ConcurrencySlotAcquisitionWithLeaseService" and isinstance(future, concurrent.futures.Future)
+            and future.done() and not future.cancelled() and isinstance(future.exception(), TimeoutError))
 
 
-class _TimedOutSlotRequests(logging.Filter):
-    """Drops :func:`is_timed_out_slot_request` records: the request's caller gets the ``TimeoutError`` itself."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not is_timed_out_slot_request(record)
+def _keep_unless_timed_out_slot_request(record: logging.LogRecord) -> bool:
+    """A logging filter that drops :func:`is_timed_out_slot_request` records: the request's caller gets the
+    ``TimeoutError`` itself."""
+    return not is_timed_out_slot_request(record)
 
 
 def quiet_timed_out_slot_requests() -> None:
@@ -343,8 +336,8 @@ def quiet_timed_out_slot_requests() -> None:
     waits for.
     """
     services = logging.getLogger(PREFECT_SERVICES_LOGGER)
-    if not any(isinstance(f, _TimedOutSlotRequests) for f in services.filters):
-        services.addFilter(_TimedOutSlotRequests())
+    if _keep_unless_timed_out_slot_request not in services.filters:
+        services.addFilter(_keep_unless_timed_out_slot_request)
 
 
 # ---- CPython 3.11-3.13 ---------------------------------------------------------------
