@@ -42,19 +42,15 @@ class PersistedResult(Protocol):
     @property
     def moved_out(self) -> bool:
         """Whether its partitions are in host memory now (moved out of the engine, not yet back)."""
-        ...
 
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame whose scan moves the partitions out of the engine's store."""
-        ...
 
     def release(self) -> None:
         """Free the partitions now (idempotent, never raises); on the engine's thread while it runs."""
-        ...
 
     def forget(self) -> None:
         """Let go without calling the engine: its shutdown closed every store (idempotent)."""
-        ...
 
 
 class Reading(NamedTuple):
