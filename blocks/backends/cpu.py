@@ -63,10 +63,9 @@ def _pop(uid: str, query_id: uuid.UUID) -> pl.DataFrame:
         if store is None:
             raise RuntimeError("The persisted query result's store no longer exists (its engine was shut down "
                                f"since it produced the result): {RUN_PRODUCER_AGAIN}.")
-        try:
-            return store.pop(query_id)
-        except KeyError:
-            raise RuntimeError(CONSUMED_MESSAGE) from None
+        if query_id not in store:
+            raise RuntimeError(CONSUMED_MESSAGE)
+        return store.pop(query_id)
 
 
 class HostPersistedResult:
@@ -112,14 +111,13 @@ class HostPersistedResult:
 
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame whose scan moves the partition out of the store; it keeps this result alive."""
-        owner = self
 
         def source(with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None,
                    batch_size: int | None) -> Iterator[pl.DataFrame]:
             if with_columns is not None and len(with_columns) == 0:
                 # cudf-polars 26.10's PersistedSource refuses this before it reads the partition.
                 raise NotImplementedError(ZERO_COLUMN_MESSAGE)
-            df = _pop(owner._uid, owner._query_id)
+            df = _pop(self._uid, self._query_id)
             if with_columns is not None:
                 df = df.select(with_columns)
             if predicate is not None:

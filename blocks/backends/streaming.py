@@ -10,6 +10,7 @@ cudf-polars internals all three share are reached through
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -35,10 +36,8 @@ def rapids_versions() -> dict[str, str]:
 
     versions = {"polars": pl.__version__, "cudf-polars": cudf_polars.__version__}
     for dist in ("rmm-cu13", "rmm-cu12", "rapidsmpf-cu13", "rapidsmpf-cu12", "dask-cuda"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             versions[dist] = version(dist)
-        except PackageNotFoundError:
-            continue
     return versions
 
 
@@ -193,10 +192,8 @@ class StreamingRunningEngine(RunningEngine):
 
     def read(self, persisted: Any = None) -> Reading:
         key = compat.persisted_key(persisted.query_result) if persisted is not None else ()
-        if self.backend == "spmd":  # one rank, this process: no collective
-            per_rank = [compat.rank_reading(*key)]
-        else:
-            per_rank = compat.run_on_ranks(self.engine, compat.rank_reading, *key)
+        per_rank = ([compat.rank_reading(*key)] if self.backend == "spmd"  # one rank, this process: no collective
+                    else compat.run_on_ranks(self.engine, compat.rank_reading, *key))
         memory = [r[0] for r in per_rank]
         total = None if None in memory else sum(memory)
         if persisted is None:
