@@ -63,11 +63,6 @@ class OwnProcessGroup(_WorkerPlugin):  # type: ignore[misc,valid-type]
             os.setpgid(0, 0)
 
 
-def own_process_groups(client: Any) -> None:
-    """Give every worker of an owned cluster (now and after a restart) its own process group."""
-    client.register_plugin(OwnProcessGroup())
-
-
 def worker_gpu_report() -> dict[str, Any]:
     """On a worker: its ``CUDA_VISIBLE_DEVICES`` and how many GPUs its driver shows."""
     from prefect_cudf_polars.blocks.backends.probe import count_gpus
@@ -99,8 +94,7 @@ def check_gpu_workers(reports: dict[str, dict[str, Any]], address: str) -> int:
     """
     if not reports:
         raise DaskClusterError(f"The Dask cluster at {address} has no workers: {DASK_WORKERS}, or {LOCAL_CLUSTER}.")
-    no_gpu = sorted(w for w, r in reports.items() if r["gpus"] == 0)
-    if no_gpu:
+    if no_gpu := sorted(w for w, r in reports.items() if r["gpus"] == 0):
         raise DaskClusterError(f"{len(no_gpu)} of {len(reports)} workers of the Dask cluster at {address} see no GPU "
                                f"({no_gpu[0]}: {reports[no_gpu[0]]['problem']}), and cudf-polars needs one GPU per "
                                f"worker: {DASK_WORKERS}.")
@@ -193,7 +187,7 @@ def connect(block: CudfPolarsEngine, *,
         cluster = start_cluster(block)
         try:
             client = Client(cluster)
-            own_process_groups(client)
+            client.register_plugin(OwnProcessGroup())  # each worker, now and after a restart
         except BaseException:
             cluster.close()
             raise
