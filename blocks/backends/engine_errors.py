@@ -50,16 +50,12 @@ DEVICE_MEMORY_MESSAGE = ("The engine ran out of device memory running this query
 def iter_exceptions(exc: BaseException) -> Iterator[BaseException]:
     """Yield ``exc`` and every exception inside it (group members, causes, contexts), once each."""
     seen: set[int] = set()
-    stack = [exc]
+    stack: list[BaseException | None] = [exc]
     while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(e.exceptions)
-        stack.extend(nxt for nxt in (e.__cause__, e.__context__) if nxt is not None)
+        if (e := stack.pop()) is not None and id(e) not in seen:
+            seen.add(id(e))
+            yield e
+            stack.extend([*(e.exceptions if isinstance(e, BaseExceptionGroup) else ()), e.__cause__, e.__context__])
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
