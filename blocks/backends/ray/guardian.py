@@ -41,10 +41,9 @@ def session_members(sid: int) -> list[int]:
 def end_session(*_: object) -> None:
     """SIGKILL every other process of this session, then exit."""
     me = os.getpid()
-    for pid in session_members(me):
-        if pid != me:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+    for pid in set(session_members(me)) - {me}:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     os._exit(0)
 
 
