@@ -280,9 +280,8 @@ class CudfPolarsEngine(Block, EngineOptions):
     @model_validator(mode="after")
     def _check_pool_size(self) -> CudfPolarsEngine:
         if self.device_memory_pool_size is not None and self.device_memory_resource not in ("async", "pool"):
-            raise ValueError("device_memory_pool_size applies to device_memory_resource 'async' or "
-                             f"'pool', not {self.device_memory_resource!r}: unset the pool size, or pick 'async' or "
-                             "'pool'")
+            raise ValueError("device_memory_pool_size applies to device_memory_resource 'async' or 'pool', not "
+                             f"{self.device_memory_resource!r}: unset the pool size, or pick 'async' or 'pool'")
         limit, pool = self.device_memory_limit, self.device_memory_pool_size
         if isinstance(limit, int) and pool is not None and pool > limit:
             raise ValueError(f"device_memory_pool_size={pool} is over device_memory_limit={limit}: the pool would "
