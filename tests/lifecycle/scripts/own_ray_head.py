@@ -17,10 +17,11 @@ import time
 
 import psutil
 
-from prefect_cudf_polars.blocks.backends.ray.head import disable_failure_signal_handler, start_local_head
+from prefect_cudf_polars.blocks.backends.compat import disable_ray_failure_signal_handler
+from prefect_cudf_polars.blocks.backends.ray.head import start_local_head
 
 if __name__ == "__main__":
-    disable_failure_signal_handler()
+    disable_ray_failure_signal_handler()
     head = start_local_head()
     import ray
 
