@@ -309,7 +309,7 @@ class EngineHost:
         """The engine's memory now, read on the owner thread."""
         return self.run(lambda: self.engine.read())
 
-    def run_bounded(self, fn: Callable[[], Any], *, timeout: float) -> bool:
+    def run_bounded(self, fn: Callable[[], None], *, timeout: float) -> bool:
         """
         Run ``fn`` after the calls already queued, waiting at most ``timeout`` seconds.
 

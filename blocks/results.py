@@ -335,13 +335,13 @@ class GPUResult:
         self._let_go(release=False)
 
     def _let_go(self, *, release: bool) -> None:
-        """Let go of what it holds (:meth:`_taken`), then free it; with ``release``, a live result, or a claimed one
+        """Let go of what it holds (:meth:`_take_all`), then free it; with ``release``, a live result, or a claimed one
         whose frame no query read, becomes ``"released"``."""
         with self._lock:
             was_live = release and self._state == "live"
             if was_live or (release and self._frame is not None):
                 self._state = "released"
-            persisted, held = self._taken()
+            persisted, held = self._take_all()
         if was_live:
             self._owner.released(self)
         if persisted is not None:
@@ -349,8 +349,9 @@ class GPUResult:
         for result in held:
             result.free()
 
-    def _taken(self) -> tuple[PersistedResult | None, tuple[GPUResult, ...]]:
-        """Under the lock: let go of the partitions, the plan, the held inputs and the frame; the partitions and inputs."""
+    def _take_all(self) -> tuple[PersistedResult | None, tuple[GPUResult, ...]]:
+        """Under the lock: let go of the partitions, the plan, the held inputs and the frame. Returns the partitions
+        and the held inputs, for the caller to free."""
         taken = self._persisted, self._held
         self._persisted, self._held, self._plan, self._frame = None, (), None, None
         return taken
@@ -365,9 +366,9 @@ class GPUResult:
             return moved
 
     def drop_partitions(self) -> None:
-        """On the engine's owner thread: let go of what it holds (:meth:`_taken`) and free it now; the state stays."""
+        """On the engine's owner thread: let go of what it holds (:meth:`_take_all`) and free it now; the state stays."""
         with self._lock:
-            persisted, held = self._taken()
+            persisted, held = self._take_all()
         if persisted is not None:
             persisted.release()
         for result in held:
@@ -385,8 +386,9 @@ class GPUResult:
             self._owner = tombstone
             if self._state == "live":
                 self._state = "released"
-            persisted = self._taken()[0] if drop else None
-            self.lineage = None if drop else self.lineage
+            persisted = None
+            if drop:  # the held inputs' own sessions end them
+                persisted, self.lineage = self._take_all()[0], None
         if persisted is not None:
             persisted.forget()
 

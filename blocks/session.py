@@ -376,7 +376,12 @@ class EngineSession(EngineCalls):
         if self._owns_host:
             return host.shutdown(limit, before=self._last_call)
         holding = [r for r in self.held_results()[0] if r.holding]
-        return host.run_bounded(lambda: [r.drop_partitions() for r in holding], timeout=limit)
+
+        def drop() -> None:
+            for result in holding:
+                result.drop_partitions()
+
+        return host.run_bounded(drop, timeout=limit)
 
     def close_at_exit(self) -> None:
         """Close at interpreter exit: Prefect's services may have stopped, so say nothing to Prefect."""

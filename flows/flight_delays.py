@@ -104,12 +104,13 @@ def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: lis
         schema = {name: str(dtype) for name, dtype in report.schema.items()}
         record_written(key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema, "backend": backend})
 
+    run = write
     if key is not None:  # a path no asset key can name is written all the same, as no asset
         report_asset = Asset(key=key, properties=AssetProperties(
             name="flight delay report", description="Worst routes of 2013 by mean arrival delay"))
-        write = materialize(report_asset, by=MATERIALIZED_BY, asset_deps=[k for k in map(asset_key, sources) if k],
-                            name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)
-    write(report)
+        run = materialize(report_asset, by=MATERIALIZED_BY, asset_deps=[k for k in map(asset_key, sources) if k],
+                          name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)
+    run(report)
 
 
 def _engine(engine_block: str | None) -> CudfPolarsEngine:

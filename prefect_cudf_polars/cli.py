@@ -422,19 +422,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{args.name!r} is not {LIMIT_NAME_RULE}")
     else:
         check_engine_arguments(parser, args)
-    # A command's arguments are named as the parameters of its function.
-    options = {name: value for name, value in vars(args).items() if name not in ("command", "commands")}
+    engine = {"backend": args.backend, "cpu_fallback": args.cpu_fallback, "device_memory_limit":
+              args.device_memory_limit, "admission_limit": args.admission_limit} if args.command != "admission-limit" else {}
     if args.command == "save-engine":
-        block_id = save_engine(**options)
+        block_id = save_engine(args.name, admission_timeout=args.admission_timeout, **engine)
         print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
     elif args.command == "admission-limit":
-        set_admission_limit(**options)
+        set_admission_limit(args.name, args.slots)
         print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
     else:
         if note is not None:
             print(note, flush=True)
         try:
-            deploy(**options)
+            deploy(engine_block=args.engine_block, pool=args.pool, project_dir=args.project_dir,
+                   gpu_memory_gib=args.gpu_memory_gib, **engine)
         except DeployError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

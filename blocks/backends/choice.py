@@ -52,7 +52,9 @@ def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
         return "cpu", None
     found = probe.probe()
     if found.problem is None:
-        return (block.backend if block.backend != "auto" else "spmd" if found.gpus == 1 else "dask"), None
+        if block.backend != "auto":
+            return block.backend, None
+        return ("spmd" if found.gpus == 1 else "dask"), None
     if block.cpu_fallback:
         return "cpu", (f"backend={block.backend!r} needs an NVIDIA GPU, but {found.problem}; cpu_fallback=True, so "
                        "this flow run uses the cpu backend (polars on the CPU, results in host memory).")

@@ -312,8 +312,11 @@ def is_timed_out_slot_request(record: logging.LogRecord) -> bool:
     %r"`` at ERROR on :data:`PREFECT_SERVICES_LOGGER`. Any other failure of the
     service, or of another service, is not this record.
     """
-    service, item = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else (None, None)
-    if record.msg != "Service %r failed to process item %r" or not isinstance(item, tuple) or not item:
+    if record.msg != "Service %r failed to process item %r" or not isinstance(record.args, tuple) \
+            or len(record.args) != 2:
+        return False
+    service, item = record.args
+    if not isinstance(item, tuple) or not item:
         return False
     future = item[-1]
     return (service == "ConcurrencySlotAcquisitionWithLeaseService" and isinstance(future, concurrent.futures.Future)

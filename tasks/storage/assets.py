@@ -116,12 +116,13 @@ def declare_target(location: str) -> str | None:
 
 def record_written(key: str | None, metadata: dict[str, Any]) -> None:
     """
-    Add ``metadata`` (JSON values) to the materialization of ``key`` declared by :func:`declare_target`.
+    Add ``metadata`` (JSON values) to the materialization of the asset ``key`` in the task run here.
 
     Parameters
     ----------
     key : str or None
-        What :func:`declare_target` returned (``None``: nothing is recorded).
+        The asset the current materialization declares (:func:`declare_target`'s, or a ``materialize``
+        task's asset key); ``None``: nothing is recorded.
     metadata : dict
         For example ``rows``, ``bytes``, ``schema`` and ``backend``.
     """

@@ -203,8 +203,9 @@ def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
         frozen = found.get_frozen_credentials() if found is not None else None
         keys = (frozen.access_key, frozen.secret_key, frozen.token) if frozen else (None, None, None)
         region = credentials.region_name or session.region_name
-    return S3Access(*(SecretStr(key) if key else None for key in keys), region=region or DEFAULT_REGION,
-                    endpoint_url=endpoint, verify=params.verify is not False)
+    key_id, secret_key, token = (SecretStr(key) if key else None for key in keys)
+    return S3Access(access_key_id=key_id, secret_access_key=secret_key, session_token=token,
+                    region=region or DEFAULT_REGION, endpoint_url=endpoint, verify=params.verify is not False)
 
 
 def scrub(text: str, access: S3Access | None) -> str:

@@ -111,10 +111,14 @@ def explain(*, url: str, bucket: str, code: str, status: str, access: S3Access, 
         The answer was to a request on the bucket itself (a listing), whose
         "404" means the bucket does not exist.
     """
-    reason = ("no-bucket" if code in _NO_BUCKET or (bucket_request and status == "404") else
-              "credentials" if code in _CREDENTIALS or (status == "403" and code not in _DENIED) else
-              "denied" if code in _DENIED else
-              "not-found" if code in _NO_KEY or status == "404" else "failed")
+    if code in _NO_BUCKET or (bucket_request and status == "404"):
+        reason = "no-bucket"
+    elif code in _CREDENTIALS or (status == "403" and code not in _DENIED):
+        reason = "credentials"
+    elif code in _DENIED:
+        reason = "denied"
+    else:
+        reason = "not-found" if code in _NO_KEY or status == "404" else "failed"
     message = ("Could not {doing} {url}" + _MESSAGES[reason]).format(
         doing=doing, url=url, bucket=bucket, where=access.describe(), code=code, answer=code or "HTTP " + status,
         detail=scrub(detail, access) or code or status)

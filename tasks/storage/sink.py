@@ -107,6 +107,8 @@ def _check_s3_target(location: S3Location, access: S3Access, *, overwrite: bool)
 
 
 def _upload(files: list[Path], folder: Path, *, location: S3Location, access: S3Access, client: Any) -> list[str]:
+    """Upload the staged part ``files`` under ``location`` and remove the staging ``folder``; their ``s3://`` URLs.
+    A failed upload deletes the keys it wrote and keeps ``folder`` (the :class:`S3AccessError` says where)."""
     keys: list[str] = []
     for path in files:
         key = location.folder_key(path.relative_to(folder).as_posix())
