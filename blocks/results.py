@@ -387,7 +387,7 @@ class GPUResult:
             if self._state == "live":
                 self._state = "released"
             persisted = None
-            if drop:  # the held inputs' own sessions end them
+            if drop:  # its held inputs are results of the session too: the session ends each of them
                 persisted, self.lineage = self._take_all()[0], None
         if persisted is not None:
             persisted.forget()
