@@ -257,7 +257,7 @@ class MemoryLedger:
         Returns
         -------
         list of GPUResult
-            The results the call reads back from host memory (for :meth:`read_back`).
+            The results the call reads back from host memory (for :meth:`bring_back`).
 
         Raises
         ------
@@ -293,14 +293,21 @@ class MemoryLedger:
         """Bytes the results moved out of the engine hold in host memory (of ``results``; default: all held)."""
         return sum(r.bytes or 0 for r in (self._results() if results is None else results) if in_host_memory(r))
 
-    def bring_back(self, coming: Sequence[GPUResult], running: RunningEngine) -> None:
-        """Before the engine call that reads ``coming`` (:meth:`make_room`'s) runs: put the pinned ones back into the
-        engine's store, where their frames read them (host frames are read by the query itself)."""
+    def bring_back(self, coming: Sequence[GPUResult], running: RunningEngine) -> list[GPUResult]:
+        """
+        Before the engine call that reads ``coming`` (:meth:`make_room`'s) runs: put the pinned ones back into the
+        engine's store, where their frames read them. Returns those in host frames, which the query itself reads
+        back as it runs (for :meth:`read_back`).
+        """
+        frames = []
         for result in coming:
-            if not isinstance(persisted := result.persisted, HostCopy) and persisted is not None:
+            if isinstance(persisted := result.persisted, HostCopy):
+                frames.append(result)
+            elif persisted is not None:
                 started = time.perf_counter()
                 running.move_back(persisted)
                 self._count(result, "back", time.perf_counter() - started, PINNED)
+        return frames
 
     def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult], *,
                  host_full: bool) -> str:
@@ -313,12 +320,11 @@ class MemoryLedger:
                                named=named + (" ..." if len(on_rank) > 20 else ""), host_limit=self.host_limit,
                                host_held=self.host_held(results))
 
-    def read_back(self, coming: Sequence[GPUResult]) -> None:
-        """After an engine call that ended without an error: the host frames of ``coming`` (:meth:`make_room`'s) were
-        read back by its query (their seconds are in its engine seconds)."""
-        for result in coming:
-            if isinstance(result.persisted, HostCopy) or result.persisted is None:
-                self._count(result, "back", None, HOST_FRAME)
+    def read_back(self, frames: Sequence[GPUResult]) -> None:
+        """After an engine call that ended without an error: its query read back the host ``frames``
+        (:meth:`bring_back`'s; their seconds are in its engine seconds)."""
+        for result in frames:
+            self._count(result, "back", None, HOST_FRAME)
 
     def _move_out(self, result: GPUResult, running: RunningEngine) -> None:
         route: list[str] = []

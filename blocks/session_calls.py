@@ -164,8 +164,7 @@ class EngineCalls:
                 for result in {*claimed, *scanned}:  # a frame an earlier query read, or a released one, is refused
                     result.check_scan(call.run)
                 call.planned = True
-                coming = ledger.make_room(read_by(claimed), running)
-                ledger.bring_back(coming, running)
+                frames = ledger.bring_back(ledger.make_room(read_by(claimed), running), running)
                 started = time.perf_counter()
                 value = getattr(running, kind)(lf, flags)
                 seconds = time.perf_counter() - started
@@ -175,7 +174,7 @@ class EngineCalls:
             with self._lock:
                 self._engine_calls += call.planned
         try:
-            ledger.read_back(coming)
+            ledger.read_back(frames)
             reading = self._telemetry.note(running.read(value if kind == "execute" else None))
             if kind == "execute":
                 value = self._admit(GPUResult(value, owner=self, name=call.name, run=call.run, lineage=lineage,

@@ -141,13 +141,14 @@ def test_engine_lives_and_dies_on_the_owner_thread(spmd, big, monkeypatch):
     assert len(threads) == 1 and threads[0].startswith("cudf-polars-engine-owner")
 
 
-def test_a_frame_collected_twice_is_refused_before_the_engine_runs_with_result_consumed_error(spmd, big):
+def test_a_frame_collected_twice_is_refused_with_result_consumed_error(spmd, big):
     with spmd.session() as session:
         r = session.execute(pl.scan_parquet(big).head(10))
         lf = r.lazy()
         session.collect(lf)
-        with pytest.raises(ResultConsumedError, match=r"GPUResult .* was already read by an earlier query"):
-            session.collect(lf)  # refused before the engine runs
+        with pytest.raises(ResultConsumedError, match=r"The query reads a GPU result that was already read by an "
+                           r"earlier query: .*split it first with `tee\(result, 2\)`"):
+            session.collect(lf)  # the store no longer holds its partitions
         with pytest.raises(ResultConsumedError, match="already read by a query that ran in this same thread"):
             r.lazy()
 
