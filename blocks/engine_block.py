@@ -33,6 +33,8 @@ Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 # (the validator's json_schema_input_type), so the form and the block refuse the same values.
 #: A device memory amount as text: a percentage above 0 and at most 100 ("80%", "0.5%"), or a positive number of bytes.
 MEMORY_AMOUNT_PATTERN = r"^(?:(?:100(?:\.0+)?|0*[1-9]\d?(?:\.\d+)?|0+\.\d*[1-9]\d*)%|0*[1-9]\d*)$"
+#: The smallest memory limit in bytes a block takes (a smaller number is most likely a percentage without its "%").
+MIN_LIMIT_BYTES = 2**20
 #: A Prefect global concurrency limit's name (Prefect 3.9: no / % & > <), without spaces around it.
 LIMIT_NAME_PATTERN = r"^[^/%&><\s]([^/%&><]*[^/%&><\s])?$"
 _MemoryAmount = Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=MEMORY_AMOUNT_PATTERN)] | None
@@ -82,7 +84,7 @@ class CudfPolarsEngine(Block, EngineOptions):
         Device memory use above which rapidsmpf spills to host: a percentage of
         GPU memory above 0 and at most 100 (``"80%"``, rapidsmpf's default;
         rapidsmpf 26.10 rounds a fraction of a percent to a whole one) or a
-        positive number of bytes (``60_000_000_000`` or ``"60000000000"``). A
+        number of bytes of at least 1 MiB (``60_000_000_000`` or ``"60000000000"``). A
         float is refused: rapidsmpf would read ``0.8`` as 0.8 bytes, not 80 %.
         With ``device_memory_limit`` set, a percentage is of that limit and
         bytes are at most it. cudf-polars 26.10 takes the limit as a string
@@ -242,13 +244,23 @@ class CudfPolarsEngine(Block, EngineOptions):
     def _check_limit(cls, value: Any, info: ValidationInfo) -> int | str | None:
         if value is None and cls.model_fields[info.field_name].default is None:  # an optional limit, unset
             return value
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-        if isinstance(value, str) and re.match(MEMORY_AMOUNT_PATTERN, value.strip()):
-            return value.strip()
         of = {"spill_device_limit": "GPU memory", "host_spill_limit": "the host memory per GPU"}.get(
             info.field_name, "the GPU's memory (on the cpu backend, the machine's)")
         allowed = MEMORY_AMOUNT_RULE.format(of=of)
+        amount = None  # a number of bytes
+        if isinstance(value, str) and re.match(MEMORY_AMOUNT_PATTERN, value.strip()):
+            value = value.strip()
+            if value.endswith("%"):
+                return value
+            amount = int(value)
+        elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            amount = value
+        if amount is not None:
+            if amount >= MIN_LIMIT_BYTES:
+                return value
+            share = f'for {amount} % of {of} write "{amount}%"' if amount <= 100 else 'or write a percentage ("80%")'
+            raise ValueError(f"{info.field_name}={value!r} is {amount} bytes, too few for a memory limit: give at least "
+                             f"1 MiB (1_048_576 bytes), {share}")
         if isinstance(value, float):
             hint = f' (for a fraction of {of} write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
             raise ValueError(f"{info.field_name}={value!r} is a float, not {allowed}{hint}")

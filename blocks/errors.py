@@ -49,7 +49,7 @@ SAVE_ENGINE = "`prefect-cudf-polars save-engine {name} --backend {backend}`"
 #: No usable GPU here.
 USE_CPU = "set backend='cpu' (or cpu_fallback=True) on the CudfPolarsEngine block to develop on the CPU"
 #: A missing optional package (``.format(extra=...)``: cu13, cu12, ray, s3, check).
-INSTALL = "`pip install 'prefect-cudf-polars[{extra}]'`"
+INSTALL = "`pip install -e '.[{extra}]'` in the prefect-cudf-polars checkout"
 #: Create or resize an admission limit (``.format(name=..., slots=...)``).
 SET_ADMISSION_LIMIT = "`prefect-cudf-polars admission-limit {name} --slots {slots}` (one slot per GiB of GPU memory)"
 #: What every admission failure leaves.
@@ -64,7 +64,7 @@ ADMISSION_NEEDS_LIMIT = ("admission_limit={name!r} needs device_memory_limit: th
 LIMIT_NAME_RULE = ("a Prefect global concurrency limit's name: a non-empty name without '/', '%', '&', '>' or '<' "
                    'and without spaces around it (e.g. "gpu-memory")')
 #: What ``device_memory_limit`` and ``spill_device_limit`` allow (``.format(of=...)``).
-MEMORY_AMOUNT_RULE = ('a percentage of {of} above 0% and at most 100% ("80%") or a positive number of bytes '
+MEMORY_AMOUNT_RULE = ('a percentage of {of} above 0% and at most 100% ("80%") or a number of bytes, at least 1 MiB '
                       '(60_000_000_000 or "60000000000")')
 #: An external Dask cluster whose workers cannot run cudf-polars.
 DASK_WORKERS = ("start one worker per GPU, on GPU machines, with cudf-polars' nanny preload (`dask worker "

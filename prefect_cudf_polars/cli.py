@@ -24,7 +24,7 @@ Commands
     ``admission_limit``, the global concurrency limit gets one slot per GiB of
     the GPU's memory, and the work pool's concurrency limit is cleared.
 
-Both talk to the Prefect API that ``PREFECT_API_URL`` names (a running
+All three talk to the Prefect API that ``PREFECT_API_URL`` names (a running
 ``prefect server start``, or Prefect Cloud): a worker cannot reach the
 temporary API Prefect starts when none is configured, so ``deploy`` refuses to
 run without one.
@@ -297,7 +297,7 @@ def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", p
 DESCRIPTION = "Save a cudf-polars engine block and deploy this project's flows to Prefect."
 #: What ``prefect-cudf-polars --help`` prints below the commands.
 EPILOG = """\
-Both commands talk to the Prefect API that PREFECT_API_URL names (a running
+All three commands talk to the Prefect API that PREFECT_API_URL names (a running
 "prefect server start", or Prefect Cloud). Without one, save-engine saves the
 block to the temporary local API Prefect starts (where flows run without a
 server find it); deploy refuses to run: a worker cannot reach that API.

@@ -2,7 +2,7 @@
 S3 access resolved from a Prefect credentials block, in the forms each reader needs.
 
 Credentials come from prefect-aws' ``AwsCredentials`` block (saved, loaded and
-edited in the Prefect UI; install with ``pip install prefect-cudf-polars[s3]``).
+edited in the Prefect UI; install with ``pip install -e '.[s3]'`` in the checkout).
 :func:`resolve_s3_access` turns one into an :class:`S3Access`, which hands the
 same credentials to the three readers and writers this package drives:
 

@@ -115,6 +115,10 @@ def test_without_cudf_polars_executor_options_are_checked_against_the_26_10_name
         ({"device_memory_limit": 0.4}, r'device_memory_limit=0\.4 is a float.*write a percentage: "40%"'),
         ({"device_memory_limit": "40GB"}, r"device_memory_limit='40GB' is not a percentage"),
         ({"device_memory_limit": "0%"}, r"device_memory_limit='0%' is not a percentage"),
+        ({"device_memory_limit": "80"}, r"device_memory_limit='80' is 80 bytes, too few for a memory limit: give at "
+                                        r"least 1 MiB .*write \"80%\""),
+        ({"host_spill_limit": "50"}, r"host_spill_limit='50' is 50 bytes, too few.*host memory per GPU write \"50%\""),
+        ({"spill_device_limit": 500}, r"spill_device_limit=500 is 500 bytes, too few.*or write a percentage"),
         ({"spill_results": "disk"}, r"spill_results.*'off' or 'host'"),
         ({"host_spill_limit": 0.5}, r'host_spill_limit=0\.5 is a float, not a percentage of the host memory per GPU.*'
                                     r'write a percentage: "50%"'),
@@ -138,8 +142,8 @@ def test_memory_fields_keep_what_they_allow():
 
 
 def test_a_pool_larger_than_the_device_memory_limit_is_refused():
-    with pytest.raises(ValidationError, match=r"device_memory_pool_size=2000 is over device_memory_limit=1000"):
-        CudfPolarsEngine(device_memory_limit=1000, device_memory_pool_size=2000)
+    with pytest.raises(ValidationError, match=r"device_memory_pool_size=2000000000 is over device_memory_limit=1000000000"):
+        CudfPolarsEngine(device_memory_limit=1_000_000_000, device_memory_pool_size=2_000_000_000)
 
 
 def test_with_a_device_memory_limit_the_spill_limit_is_a_share_of_it_in_bytes():

@@ -1,7 +1,7 @@
 """
 The ``ray`` backend on every visible GPU: cudf-polars' ``RayEngine``, one rank (actor) per GPU.
 
-Skipped without a GPU (conftest) or without Ray (``pip install 'prefect-cudf-polars[ray]'``).
+Skipped without a GPU (conftest) or without Ray (``pip install -e '.[ray]'`` in the checkout).
 An external cluster is a ``ray start --head``
 on 127.0.0.1 started here; a local Ray is started and stopped by the session.
 """
