@@ -50,6 +50,9 @@ SAVE_ENGINE = "`prefect-cudf-polars save-engine {name} --backend {backend}`"
 USE_CPU = "set backend='cpu' (or cpu_fallback=True) on the CudfPolarsEngine block to develop on the CPU"
 #: A missing optional package (``.format(extra=...)``: cu13, cu12, ray, s3, check).
 INSTALL = "`pip install -e '.[{extra}]'` in the prefect-cudf-polars checkout"
+#: The RAPIDS packages' install, by CUDA driver.
+INSTALL_RAPIDS = ("in the prefect-cudf-polars checkout, `pip install -e '.[cu13]'` (CUDA driver >= 580) or "
+                  "`pip install -e '.[cu12]'` (older drivers)")
 #: Create or resize an admission limit (``.format(name=..., slots=...)``).
 SET_ADMISSION_LIMIT = "`prefect-cudf-polars admission-limit {name} --slots {slots}` (one slot per GiB of GPU memory)"
 #: What every admission failure leaves.

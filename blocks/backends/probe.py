@@ -14,7 +14,7 @@ import dataclasses
 import importlib.util
 import os
 
-from prefect_cudf_polars.blocks.errors import INSTALL
+from prefect_cudf_polars.blocks.errors import INSTALL_RAPIDS
 
 # CUDA driver API status codes (cuda.h, CUresult).
 _CUDA_ERRORS = {
@@ -107,6 +107,5 @@ def probe() -> GPUProbe:
     gpus, problem = count_gpus()
     rapids = rapids_installed()
     if problem is None and not rapids:
-        problem = ("the RAPIDS packages are not installed: install the extra matching your CUDA driver, "
-                   f"{INSTALL.format(extra='cu13')} (driver >= 580) or {INSTALL.format(extra='cu12')}")
+        problem = f"the RAPIDS packages are not installed: install them {INSTALL_RAPIDS}"
     return GPUProbe(gpus=gpus, rapids=rapids, problem=problem)

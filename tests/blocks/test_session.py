@@ -122,7 +122,7 @@ def test_gpu_backend_without_gpu_raises_no_gpu_error(monkeypatch):
 def test_missing_rapids_packages_are_named(monkeypatch):
     monkeypatch.setattr(gpu_probe, "count_gpus", lambda: (1, None))
     monkeypatch.setattr(gpu_probe, "rapids_installed", lambda: False)
-    with pytest.raises(NoGPUError, match=r"prefect-cudf-polars\[cu13\]"):
+    with pytest.raises(NoGPUError, match=r"pip install -e '\.\[cu13\]'"):
         resolve_backend(CudfPolarsEngine(backend="spmd"))
 
 

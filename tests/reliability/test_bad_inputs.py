@@ -320,7 +320,7 @@ def test_block_with_an_invalid_option(tmp_path):
         )
     named = (r"saved cudf-polars engine block 'edited-badly' holds a value its fields do not allow: "
              r"spill_device_limit: spill_device_limit='lots' is not a percentage of GPU memory above 0% and at "
-             r'most 100% \("80%"\) or a positive number of bytes.*Fix it in the Prefect UI')
+             r'most 100% \("80%"\) or a number of bytes, at least 1 MiB.*Fix it in the Prefect UI')
     with pytest.raises(ValueError, match=named):
         CudfPolarsEngine.load("edited-badly")
 
