@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 
 # Each rule below is checked once, by the field's validator; the UI form's JSON Schema is derived from it
-# (the validator's json_schema_input_type), so the form and the block refuse the same values.
+# (the validator's json_schema_input_type), so the form and the block refuse the same values, but for a
+# number of bytes below MIN_LIMIT_BYTES, which the block refuses when it is built or loaded.
 #: A device memory amount as text: a percentage above 0 and at most 100 ("80%", "0.5%"), or a positive number of bytes.
 MEMORY_AMOUNT_PATTERN = r"^(?:(?:100(?:\.0+)?|0*[1-9]\d?(?:\.\d+)?|0+\.\d*[1-9]\d*)%|0*[1-9]\d*)$"
 #: The smallest memory limit in bytes a block takes (a smaller number is most likely a percentage without its "%").
@@ -260,7 +261,7 @@ class CudfPolarsEngine(Block, EngineOptions):
                 return value
             share = f'for {amount} % of {of} write "{amount}%"' if amount <= 100 else 'or write a percentage ("80%")'
             raise ValueError(f"{info.field_name}={value!r} is {amount} bytes, too few for a memory limit: give at least "
-                             f"1 MiB (1_048_576 bytes), {share}")
+                             f"1 MiB ({MIN_LIMIT_BYTES:_} bytes), {share}")
         if isinstance(value, float):
             hint = f' (for a fraction of {of} write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
             raise ValueError(f"{info.field_name}={value!r} is a float, not {allowed}{hint}")

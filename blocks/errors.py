@@ -81,7 +81,6 @@ NEW_TARGET = "give a new {what}, or pass overwrite=True to delete what is there 
 READ_WITH_ITS_SERIALIZER = "read it with the serializer named in its result record"
 
 
-
 def invalid_fields(error: ValueError) -> str:
     """
     A pydantic ``ValidationError`` as one line: ``"field: what is wrong and what it allows; ..."``.

@@ -327,20 +327,16 @@ class MemoryLedger:
             self._count(result, "back", None, HOST_FRAME)
 
     def _move_out(self, result: GPUResult, running: RunningEngine) -> None:
-        route: list[str] = []
-
         def out(persisted: PersistedResult) -> PersistedResult | None:  # under the result's lock: no claim meanwhile
             if persisted.moved_out:
                 return None
             if running.move_out(persisted, self.host_limit):  # packed into pinned memory in place: the handle's frames stay valid
-                route.append(PINNED)
                 return persisted
             try:
                 frame = running.collect(persisted.lazy(), pl.QueryOptFlags())
             except Exception as exc:
                 raise_engine_error(exc)
             persisted.release()  # what the read left
-            route.append(HOST_FRAME)
             return HostCopy(frame, persisted.ranks)
 
         started = time.perf_counter()
@@ -350,7 +346,7 @@ class MemoryLedger:
             result.release()  # a reader is told it was released, not a misleading second-read error
             raise
         if moved is not None:
-            self._count(result, "out", time.perf_counter() - started, route[0])
+            self._count(result, "out", time.perf_counter() - started, HOST_FRAME if isinstance(moved, HostCopy) else PINNED)
 
     def _count(self, result: GPUResult, way: str, seconds: float | None, route: str) -> None:
         out = way == "out"
@@ -358,8 +354,8 @@ class MemoryLedger:
             self.spills["results" if out else "back"] += 1
             self.spills["bytes" if out else "back_bytes"] += result.bytes or 0
             self.spills["out_seconds" if out else "back_seconds"] += seconds or 0.0
-            routes = self.spills["routes"]
-            routes[route] = routes.get(route, 0) + out
+            if out:  # the routes of the moves out
+                self.spills["routes"][route] = self.spills["routes"].get(route, 0) + 1
         if (moved := self._moved.get(result)) is not None:
             moved(result, way, seconds, route)
 

@@ -13,7 +13,6 @@ which holds the state it uses.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
-from prefect_cudf_polars.blocks.backends.plans import input_reads, prepare_result
+from prefect_cudf_polars.blocks.backends.plans import input_reads, plans_later, prepare_result
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan
 from prefect_cudf_polars.blocks.engine import EngineHost, call_environment
 from prefect_cudf_polars.blocks.engine_call import PendingCall
@@ -31,7 +30,7 @@ from prefect_cudf_polars.blocks.lineage import Lineage
 from prefect_cudf_polars.blocks.memory import read_by
 from prefect_cudf_polars.blocks.result_book import ResultBook
 from prefect_cudf_polars.blocks.results import GPUResult, claimed_by, fused_steps
-from prefect_cudf_polars.blocks.runs import current_run
+from prefect_cudf_polars.blocks.runs import RunIdentity, current_run
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -160,7 +159,7 @@ class EngineCalls:
                     flags, plans = prepare_result(lf, optimized=artifact)
                     scanned = self._book.scanned(plans[0])
                 else:  # it reads no frame of ours: polars' defaults; the event's plan is made off this thread
-                    flags, plans = pl.QueryOptFlags(), (functools.partial(lf.explain, optimized=False), None)
+                    flags, plans = pl.QueryOptFlags(), plans_later(lf)
                 for result in {*claimed, *scanned}:  # a frame an earlier query read, or a released one, is refused
                     result.check_scan(call.run)
                 call.planned = True
@@ -238,8 +237,7 @@ class EngineCalls:
         try:
             schema = lf.collect_schema()
             host.engine.check_plan(lf)  # pure Python (the GPU-support check, on cpu): on this thread
-            plans = prepare_result(lf, optimized=True)[1] if self.block.result_artifacts else (
-                functools.partial(lf.explain, optimized=False), None)  # the event's plan, made off this thread
+            plans = prepare_result(lf, optimized=True)[1] if self.block.result_artifacts else plans_later(lf)
         except Exception as exc:
             exc.add_note(f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
                          "and checks its plan before the task that reads it runs it.")
@@ -253,10 +251,14 @@ class EngineCalls:
 
     def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
         """A live result wrapping what ``like`` handed over (``tee``'s first copy); ``SessionError`` once ended."""
-        result = GPUResult(handed, owner=self, name=like.name, run=current_run(), lineage=like.lineage,
-                           rows=like.rows, bytes=like.bytes, rank_bytes=like.rank_bytes, fused=like.fused)
+        result = self._like(handed, like, current_run())
         self._telemetry.result_created(self.run(self._admit, result), None, None, None)
         return result
+
+    def _like(self, payload: Any, like: GPUResult, run: RunIdentity) -> GPUResult:
+        """A new result of ``run`` holding ``payload``, with ``like``'s name, lineage, size and fused steps."""
+        return GPUResult(payload, owner=self, name=like.name, run=run, lineage=like.lineage, rows=like.rows,
+                         bytes=like.bytes, rank_bytes=like.rank_bytes, fused=like.fused)
 
     def copies(self, result: GPUResult, n: int) -> list[GPUResult] | None:
         """
@@ -287,9 +289,7 @@ class EngineCalls:
                         raise_engine_error(exc)
                     if copied is None:
                         return None
-                    made.append(self._admit(GPUResult(copied, owner=self, name=result.name, run=run,
-                                                      lineage=result.lineage, rows=result.rows, bytes=result.bytes,
-                                                      rank_bytes=result.rank_bytes, fused=result.fused)))
+                    made.append(self._admit(self._like(copied, result, run)))
             finally:
                 if len(made) < n:  # none, or a failure part way: keep none of them
                     for copy in made:

@@ -258,6 +258,9 @@ class SessionTelemetry:
         optimized plan the engine ran (the artifact's, when asked for); ``reads``,
         per input result the query read, its name, id, reads in the plan and bytes per read.
         """
+        def plan_text() -> str | None:
+            return plan() if callable(plan) else plan
+
         task_run = getattr(TaskRunContext.get(), "task_run", None)
         flow_run_id = task_run.flow_run_id if task_run is not None else getattr(self.flow_run, "id", None)
         log = None if self.muted else (flow_run_id, getattr(task_run, "id", None))  # the producer's run log
@@ -275,7 +278,7 @@ class SessionTelemetry:
         self._result_event(RESULT_CREATED, result, None, None, lambda: {
             **facts, "backend": result.backend, "ranks": list(result.ranks), "memory_in_use_bytes": memory,
             "schema": {k: str(v) for k, v in result.schema.items()}, "inputs_read": reads,
-            "plan": limited((plan() if callable(plan) else plan) or "(the same plan as the result it was split from)"),
+            "plan": limited(plan_text() or "(the same plan as the result it was split from)"),
             "fused_steps": [step._asdict() for step in result.fused]})
         if self.result_artifacts and not self.muted and result.produced_by_task_run_id is not None:
             from prefect.artifacts import create_markdown_artifact
@@ -283,8 +286,7 @@ class SessionTelemetry:
             try:
                 create_markdown_artifact(key=result_key(result.name), description=f"cudf-polars result {result.name!r}: "
                                          "plan, schema, rows, bytes, where it lives", markdown=result_markdown(
-                                             result, limited(engine_plan or (plan() if callable(plan) else plan)
-                                                              or ""), memory, self.gpus))
+                                             result, limited(engine_plan or plan_text() or ""), memory, self.gpus))
             except Exception as exc:
                 logger.warning("Could not write the artifact of GPU result %r: %s", result.name, exc)
 

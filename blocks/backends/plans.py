@@ -40,9 +40,10 @@ and the ``cpu`` backend runs what the GPU runs:
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import polars as pl
@@ -128,6 +129,12 @@ def prepare(lf: pl.LazyFrame) -> tuple[pl.QueryOptFlags, str]:
         if _ZERO_COLUMN_SCAN.search(optimized):
             raise NotImplementedError(ZERO_COLUMN_MESSAGE)
     return flags, plan
+
+
+def plans_later(lf: pl.LazyFrame) -> tuple[Callable[[], str], None]:
+    """The plans of a result that reads no frame and has no artifact: its logical plan, made when its event is
+    sent (off the caller's path), and no optimized plan (:func:`prepare_result`'s form)."""
+    return functools.partial(lf.explain, optimized=False), None
 
 
 def prepare_result(lf: pl.LazyFrame, *, optimized: bool) -> tuple[pl.QueryOptFlags, tuple[str, str | None]]:
