@@ -172,6 +172,7 @@ class EngineHost:
         self.description = self.running.describe()
         self.ledger.start(block.spill_results, limit, int(self.description.get("ranks") or 1),
                           block.host_spill_limit_bytes(host_memory_per_gpu(backend)))
+        self.running.room_wanted = self.ledger.on_demand  # a query past the limit asks the ledger for room
         self.at_start = self.running.read()
 
     def _wanted(self) -> bool:

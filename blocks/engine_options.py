@@ -140,7 +140,7 @@ class EngineOptions:
         return {**named, **self.executor_options}
 
     def engine_kwargs(self, limit: int | None = None, *, device_total: int | None = None,
-                      host_total: int | None = None) -> dict[str, Any]:
+                      host_total: int | None = None, demand: str | None = None) -> dict[str, Any]:
         """
         The block as the keyword arguments of ``SPMDEngine``, ``DaskEngine`` and ``RayEngine``.
 
@@ -158,6 +158,9 @@ class EngineOptions:
         80 % when unset); and ``pinned_max_pool_size`` is the share of 80 % of
         ``host_total`` that the limit is of ``device_total`` (rapidsmpf's default
         lets each engine pin 80 % of its GPU's share of host memory), when both are known.
+        With ``demand`` too, rmm's ``FailureCallbackResourceAdaptor`` wraps the
+        limit's adaptor: an allocation past the limit asks the listener of
+        that key for room (:mod:`~prefect_cudf_polars.blocks.memory_demand`).
 
         Parameters
         ----------
@@ -165,6 +168,8 @@ class EngineOptions:
             ``device_memory_limit`` in bytes.
         device_total, host_total : int, optional
             The GPU's memory and the host memory per GPU (the machine's divided by the visible GPUs), in bytes.
+        demand : str, optional
+            A :func:`~prefect_cudf_polars.blocks.memory_demand.listen` key (used with ``limit``).
 
         Returns
         -------
@@ -172,6 +177,8 @@ class EngineOptions:
         """
         from cudf_polars.engine.options import StreamingOptions
         from cudf_polars.utils.config import MemoryResourceConfig
+
+        from prefect_cudf_polars.blocks.memory_demand import resource_config
 
         named: dict[str, Any] = {"raise_on_fail": self.raise_on_fail}
         if self.spill_device_limit is not None:
@@ -185,6 +192,8 @@ class EngineOptions:
                 upstream["options"]["release_threshold"] = limit
             mr = {"qualname": "rmm.mr.LimitingResourceAdaptor",
                   "options": {"upstream_mr": upstream, "allocation_limit": limit}}
+            if demand is not None:
+                mr = resource_config(mr, demand)
             if device_total and host_total:
                 named["pinned_max_pool_size"] = str(int(0.8 * host_total * limit / device_total))
         if mr is not None:

@@ -23,19 +23,25 @@ budget on a rank:
   bytes and the run that produced each (a parent flow run's included); nothing
   has run, and every result the task did not read stays readable.
 * ``spill_results="host"``: the least recently produced unread results holding
-  bytes on that rank move to host memory (:class:`HostCopy`: the engine
-  collects each to a host ``polars.DataFrame``) until the rest fit; the same
-  check runs after each engine call, so the room stays free between tasks. A
-  moved result keeps every rule of a result (read once, bound to its session,
-  never persisted by a serializer). The query that reads it scans the host
-  frame, copying the rows back to the engine as it runs; room is made for them
-  first.
+  bytes on that rank move to host memory until the rest fit: on ``spmd`` each
+  partition is packed into the engine's pinned pool and unpacked into its own
+  store slot before the query that reads it runs (:data:`PINNED`); elsewhere
+  the engine collects the result to a host ``polars.DataFrame`` that the
+  reading query scans (:class:`HostCopy`, :data:`HOST_FRAME`). The same check
+  runs after each engine call, so the room stays free between tasks. A moved
+  result keeps every rule of a result (read once, bound to its session, never
+  persisted by a serializer).
 
 Room is made on the engine's owner thread as a step of the engine call itself
 (after its plan is checked, before the engine runs), and a new result is
 counted there when the call produces it: the owner thread runs one call at a
 time, so each call sees every result the calls before it produced, whichever
-session made them.
+session made them. With ``spill_results="host"`` a running query that needs
+more than that room asks for it too: an allocation that would pass the limit
+(on ``spmd``, through the engine's memory resource,
+:mod:`~prefect_cudf_polars.blocks.memory_demand`; on ``cpu``, a result the
+store cannot take) first moves unread results the call does not read out
+(:meth:`MemoryLedger.on_demand`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.results import GPUResult
 
 logger = get_logger("prefect_cudf_polars")
+
+#: Whether this thread is moving a result now (its allocations do not ask for room: :meth:`MemoryLedger.on_demand`).
+_moving = threading.local()
 
 #: The share of the limit a query keeps as working room at least.
 WORKING_SHARE = 0.2
@@ -190,14 +199,16 @@ class MemoryLedger:
     peak_held : int
         Most bytes held on one rank after any engine call.
     spills : dict
-        ``results``, ``bytes`` and ``out_seconds`` moved to host memory; ``back`` (results read back by a
-        query, which copies them as it runs: the seconds are in its engine seconds) and ``back_bytes``.
+        ``results``, ``bytes`` and ``out_seconds`` moved to host memory (``on_demand`` of them while a query
+        that needed the room ran, :meth:`on_demand`); ``back`` (results read back by a query) and ``back_bytes``,
+        ``back_seconds`` (of pinned moves back), ``routes`` (moves out per route).
     """
 
     def __init__(self) -> None:
         self.spill, self.limit, self.ranks, self.peak_held, self.host_limit = "off", None, 1, 0, 0
         self.spills: dict[str, Any] = {"results": 0, "bytes": 0, "out_seconds": 0.0, "back": 0, "back_bytes": 0,
-                                       "back_seconds": 0.0, "routes": {}}
+                                       "back_seconds": 0.0, "routes": {}, "on_demand": 0}
+        self._reading: set[str] = set()  # the ids of the results the engine call now running reads
         self._held: dict[str, weakref.ref[GPUResult]] = {}  # in the order produced
         self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
@@ -267,6 +278,7 @@ class MemoryLedger:
         """
         if self.limit is None:
             return []
+        self._reading = set(read)
         coming = [r for r in read.values() if in_host_memory(r)]
         while True:
             results = self._results()
@@ -278,16 +290,44 @@ class MemoryLedger:
             over = over_budget(self.limit, self._by_rank(others), largest)
             if not over:
                 return coming
-            ranks, room = {rank for rank, _, _ in over}, self.host_limit - self.host_held(results)
-            movable = [r for r in live if r.id not in read and not r.deferred and r is not keep
-                       and any(size and rank in ranks for rank, size in enumerate(held_by_rank(r)))]
-            fits = [r for r in movable if (r.bytes or 0) <= room]
+            movable, fits = self._movable(results, {rank for rank, _, _ in over}, keep)
             if self.spill != "host" or not fits:
                 break
             self._move_out(fits[0], running)  # the least recently produced that host memory can take
         if refuse:
             raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
         return coming
+
+    def _movable(self, results: list[GPUResult], ranks: set[int], keep: GPUResult | None = None,
+                 ) -> tuple[list[GPUResult], list[GPUResult]]:
+        """Of ``results``, the unread ones holding bytes on ``ranks`` that the running call does not read (but
+        ``keep``), least recently produced first; and of those, the ones host memory can take now."""
+        movable = [r for r in results if r.state == "live" and r.id not in self._reading and not r.deferred
+                   and r is not keep and any(size and rank in ranks for rank, size in enumerate(held_by_rank(r)))]
+        room = self.host_limit - self.host_held(results)
+        return movable, [r for r in movable if (r.bytes or 0) <= room]
+
+    def on_demand(self, nbytes: int, running: RunningEngine) -> bool:
+        """
+        The ``running`` engine needs ``nbytes`` more bytes than its limit leaves, while a query runs (on the thread
+        that allocates): with ``spill="host"``, move unread results the running call does not read to host memory,
+        least recently produced first, until that much left the engine. Whether anything did (the engine then
+        tries again; else its allocation fails as out of memory). A failure to move is logged, never raised.
+        """
+        if self.limit is None or self.spill != "host" or getattr(_moving, "now", False):
+            return False  # a move's own allocations do not ask again
+        freed = 0
+        try:
+            while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)))[1]):
+                before = on_engine(fits[0])
+                self._move_out(fits[0], running)
+                with self._lock:
+                    self.spills["on_demand"] += 1
+                freed += before - on_engine(fits[0])
+        except Exception as exc:
+            logger.warning("cudf-polars could not move a held result to host memory for a running query: %s: %s",
+                           type(exc).__name__, exc)
+        return freed > 0
 
     def host_held(self, results: Iterable[GPUResult] | None = None) -> int:
         """Bytes the results moved out of the engine hold in host memory (of ``results``; default: all held)."""
@@ -339,12 +379,14 @@ class MemoryLedger:
             persisted.release()  # what the read left
             return HostCopy(frame, persisted.ranks)
 
-        started = time.perf_counter()
+        started, _moving.now = time.perf_counter(), True
         try:
             moved = result.move(out)
         except BaseException:  # the move failed or was interrupted: the rows may have left the engine unkept
             result.release()  # a reader is told it was released, not a misleading second-read error
             raise
+        finally:
+            _moving.now = False
         if moved is not None:
             self._count(result, "out", time.perf_counter() - started, HOST_FRAME if isinstance(moved, HostCopy) else PINNED)
 

@@ -325,7 +325,7 @@ class SessionTelemetry:
         took = "" if seconds is None else f" in {seconds:.3f} s"
         row["moved"] = "; ".join(filter(None, [row.get("moved"), f"out{took} ({route})" if out else "read back"]))
         run_line(row.get("log"), f"cudf-polars result {result.name!r} moved to host memory ({route}){took} "
-                 f"({format_bytes(result.bytes)}) to keep the unread results within device_memory_limit" if out else
+                 f"({format_bytes(result.bytes)}) to make room within device_memory_limit" if out else
                  f"cudf-polars result {result.name!r} read back from host memory ({route}){took} by {result.consumed_by}")
 
     def late_result_released(self, name: str, task_run_id: Any) -> None:
@@ -345,7 +345,8 @@ class SessionTelemetry:
         within = "" if held["limit"] is None else (
             f"device_memory_limit {held['limit']:,} bytes, peak held {held['peak_held']:,} bytes; spill_results="
             f"{held['spill_results']}: {spills['results']} result(s) moved to host memory ({spills['bytes']:,} bytes, "
-            f"{spills['out_seconds']:.3f} s out), {spills['back']} read back ({spills['back_bytes']:,} bytes); ")
+            f"{spills['out_seconds']:.3f} s out, {spills['on_demand']} on a running query's demand), "
+            f"{spills['back']} read back ({spills['back_bytes']:,} bytes); ")
         self.log(logging.INFO, "cudf-polars engine session ended: backend=%s, %s; %s at start %s, peak %s, at the end "
                  "%s (bytes; read before the engine's shutdown, which frees the %s held by %d unread result(s)); "
                  "%sengine start %.2f s, shutdown %.2f s on thread %s", summary["backend"], tally,

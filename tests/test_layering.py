@@ -29,6 +29,7 @@ ROOMS = [
     "prefect_cudf_polars.blocks.errors",
     "prefect_cudf_polars.blocks.runs",
     "prefect_cudf_polars.blocks.active",
+    "prefect_cudf_polars.blocks.memory_demand",
     "prefect_cudf_polars.blocks.engine_options",
     "prefect_cudf_polars.blocks.engine_block",
     "prefect_cudf_polars.blocks.admission",

@@ -15,7 +15,7 @@ cudf-polars' internals stays behind :mod:`~prefect_cudf_polars.blocks.backends.c
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 import polars as pl
@@ -88,6 +88,13 @@ class RunningEngine(abc.ABC):
     engine: Any
     #: ``device_memory_limit`` in bytes, which the engine is held to (``None``: the whole device).
     memory_limit: int | None = None
+    #: What the engine asks for room when a query's allocation would pass :attr:`memory_limit`:
+    #: ``room_wanted(nbytes, running)``, whether it freed something (``None``: nothing to ask).
+    room_wanted: Callable[[int, RunningEngine], bool] | None = None
+
+    def ask_room(self, nbytes: int) -> bool:
+        """Whether :attr:`room_wanted` freed something for ``nbytes`` more bytes (on any thread; False without it)."""
+        return self.room_wanted is not None and self.room_wanted(nbytes, self)
 
     @abc.abstractmethod
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> PersistedResult:

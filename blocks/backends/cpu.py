@@ -157,11 +157,19 @@ class CpuRunningEngine(RunningEngine):
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> HostPersistedResult:
         self.gpu_support.check(lf, flags)
         df = lf.collect(optimizations=flags)
-        if self.memory_limit is not None and (need := self.read().memory + df.estimated_size()) > self.memory_limit:
+        if self.memory_limit is not None and (need := self._need(df.estimated_size())) > self.memory_limit:
             # As rmm's LimitingResourceAdaptor refuses an allocation past the limit on a GPU backend.
             raise MemoryError(f"std::bad_alloc: out_of_memory: Exceeded memory limit (cpu backend: the held results "
                               f"and this one would take {need:,} bytes of device_memory_limit={self.memory_limit:,})")
         return HostPersistedResult(self.uid, df)
+
+    def _need(self, size: int) -> int:
+        """Bytes the store holds with ``size`` more, once :meth:`ask_room` was asked for what passes the limit (as the
+        adaptor over the limit asks on ``spmd``)."""
+        need = self.read().memory + size
+        if need > self.memory_limit and self.ask_room(need - self.memory_limit):
+            need = self.read().memory + size
+        return need
 
     def copy(self, persisted: Any) -> HostPersistedResult:
         return persisted.clone()

@@ -23,6 +23,7 @@ from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank, restore_environment_on_rank
 from prefect_cudf_polars.blocks.backends.probe import gpu_memory_bytes, host_memory_per_gpu
+from prefect_cudf_polars.blocks.memory_demand import listen
 
 if TYPE_CHECKING:
     from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
@@ -215,15 +216,25 @@ class StreamingRunningEngine(RunningEngine):
                 "note": f"cudf-polars {type(self.engine).__name__}, results stay in GPU memory", **self.extra}
 
 
-def limited_engine_kwargs(block: CudfPolarsEngine, limit: int | None) -> dict[str, Any]:
-    """``block.engine_kwargs`` with ``limit`` (bytes), the GPU's memory and the host memory per GPU read here."""
+def limited_engine_kwargs(block: CudfPolarsEngine, limit: int | None, demand: str | None = None) -> dict[str, Any]:
+    """``block.engine_kwargs`` with ``limit`` (bytes), the GPU's memory and the host memory per GPU read here, and
+    the ``demand`` key of the listener an allocation past the limit asks for room."""
     if limit is None:  # nothing to size: no probe at the engine's start
         return block.engine_kwargs()
-    return block.engine_kwargs(limit, device_total=gpu_memory_bytes(), host_total=host_memory_per_gpu("spmd"))
+    return block.engine_kwargs(limit, device_total=gpu_memory_bytes(), host_total=host_memory_per_gpu("spmd"),
+                               demand=demand)
 
 
 def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> StreamingRunningEngine:
-    """Create an ``SPMDEngine`` from the block's options (call on the owner thread); its shutdown goes on ``stack``."""
+    """
+    Create an ``SPMDEngine`` from the block's options (call on the owner thread); its shutdown goes on ``stack``.
+
+    With a ``limit`` and ``spill_results="host"``, an allocation that would pass the limit asks the running
+    engine's :attr:`~prefect_cudf_polars.blocks.backends.base.RunningEngine.room_wanted` for room first
+    (:mod:`~prefect_cudf_polars.blocks.memory_demand`).
+    """
     from cudf_polars.engine.spmd import SPMDEngine
 
-    return StreamingRunningEngine("spmd", stack, limit).enter(SPMDEngine(**limited_engine_kwargs(block, limit)), stack)
+    running = StreamingRunningEngine("spmd", stack, limit)
+    demand = listen(running.ask_room, stack) if limit is not None and block.spill_results == "host" else None
+    return running.enter(SPMDEngine(**limited_engine_kwargs(block, limit, demand)), stack)

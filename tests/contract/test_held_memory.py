@@ -142,6 +142,36 @@ def test_a_result_past_the_limit_fails_as_out_of_memory():
     assert held_partitions() == 0
 
 
+@pytest.mark.parametrize("spill", ["off", "host"])
+def test_a_query_whose_result_does_not_fit_beside_the_held_results_gets_room_on_demand_with_spill_host(spill):
+    """Two tables held are within the held budget, but a 3.2 MB result does not fit beside them: with spill
+    off it fails as out of memory; with spill host the engine asks for room and the oldest table moves out."""
+    big = pl.LazyFrame({"k": range(2 * ROWS), "v": [1.0] * (2 * ROWS)})  # 3,200,000 bytes
+
+    @flow(task_runner=CudfPolarsTaskRunner(block(spill)))
+    def pipeline():
+        held = [execute(table(i), name=f"table-{i}") for i in range(2)]
+        state = execute(big, name="big", return_state=True)
+        if spill == "off":
+            with pytest.raises(DeviceMemoryError, match=r"(?s)ran out of device memory.*6,400,000 bytes of "
+                               r"device_memory_limit=6,000,000"):
+                state.result()
+            return None, [collect(r) for r in held], get_engine_session().summary()["held"]
+        return collect(state.result()), [collect(r) for r in held], get_engine_session().summary()["held"]
+
+    got_big, tables, held = pipeline()
+    for i, got in enumerate(tables):
+        assert_frame_equal(got, table(i).collect())
+    spills = held["spills"]
+    if spill == "off":
+        assert got_big is None and spills["results"] == 0
+    else:
+        assert_frame_equal(got_big, big.collect())
+        # table-0 moves out while the query runs; after it, the held budget moves table-1 too
+        assert spills["on_demand"] == 1 and spills["results"] == spills["back"] == 2, spills
+    assert held_partitions() == 0
+
+
 def test_concurrent_readers_under_spill_host_each_move_a_result_once_and_equal_polars():
     """Twelve tables loaded, most moved to host memory; six readers of two at once: every move counted once."""
 

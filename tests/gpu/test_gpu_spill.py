@@ -6,7 +6,9 @@ The oldest unread ones move out by the pinned route (each partition packed into 
 pinned pool, back into its own store slot when read), every one reads back equal to polars' CPU
 engine, and while the flow runs the CUDA driver's used device memory (``cudaMemGetInfo``,
 sampled every 5 ms) stays within the limit above its figure before the flow run (the process's
-CUDA context, made by a first flow run). ``tee`` of a loaded table makes its copies as device
+CUDA context, made by a first flow run). A query whose 400 MB result does not fit beside 700 MB
+of held tables under that limit runs out of memory with spill off; with spill host the engine's
+memory resource asks for room as it runs and the oldest tables move out. ``tee`` of a loaded table makes its copies as device
 copies of the partitions: nothing is produced again, and each copy reads equal to polars.
 """
 
@@ -20,7 +22,7 @@ import pytest
 from prefect import flow
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
-from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task, tee
+from prefect_cudf_polars.tasks import DeviceMemoryError, GPUResult, collect, execute, gpu_task, tee
 
 pytestmark = pytest.mark.gpu
 
@@ -100,6 +102,51 @@ def test_a_flow_holding_twice_its_limit_reads_every_result_back_equal_to_polars_
     assert sampled.peak - before <= LIMIT + DRIVER_SLACK, (
         f"driver: {before:,} bytes before the flow run, a peak of {sampled.peak:,} during it")
     assert driver_used() - before <= DRIVER_SLACK
+
+
+HELD = 14  # 700 MB held: within the held budget of 800 MB, so nothing moves before the next call
+BIG_ROWS = 25_000_000  # two int64 columns: a 400 MB result, which does not fit beside what is held
+
+
+@gpu_task
+def big_sums(big: GPUResult) -> pl.LazyFrame:
+    return big.lazy().select(pl.col("k").sum(), pl.col("d").sum(), pl.len())
+
+
+@pytest.mark.parametrize("spill", ["off", "host"])
+def test_a_query_that_needs_the_room_held_results_take_gets_it_on_demand_with_spill_host(warm, spill):
+    """With spill off the big query runs out of memory and the held tables stay readable; with spill host the
+    engine's memory resource asks the ledger for room as the query runs, and every result equals polars."""
+    big = pl.LazyFrame({"k": np.arange(BIG_ROWS, dtype=np.int64)}).with_columns(d=pl.col("k") * 2)
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=LIMIT,
+                                                            spill_results=spill)))
+    def room_on_demand():
+        held = [execute(table(i), name=f"table-{i}") for i in range(HELD)]
+        state = execute(big, name="big", return_state=True)
+        if spill == "off":
+            with pytest.raises(DeviceMemoryError, match="ran out of device memory"):
+                state.result()
+            got = None
+        else:
+            got = collect(big_sums(state.result())).row(0)
+        return got, [collect(total(r)).row(0) for r in held], get_engine_session().summary()
+
+    before = driver_used()
+    with PeakSampler() as sampled:
+        got, sums, summary = room_on_demand()
+    assert sums == [(i * float(ROWS), ROWS * (ROWS - 1) // 2, ROWS) for i in range(HELD)]
+    spills = summary["held"]["spills"]
+    if spill == "off":
+        assert got is None and spills["results"] == 0
+    else:
+        k = BIG_ROWS * (BIG_ROWS - 1) // 2
+        assert got == (k, 2 * k, BIG_ROWS)
+        assert spills["on_demand"] >= 1 and spills["routes"] == {"pinned": spills["results"]}, spills
+        assert spills["back"] == spills["results"]
+    assert summary["counts"]["released_unconsumed"] == 0
+    assert sampled.peak - before <= LIMIT + DRIVER_SLACK, (
+        f"driver: {before:,} bytes before the flow run, a peak of {sampled.peak:,} during it")
 
 
 def test_tee_copies_a_loaded_table_on_the_device_and_each_copy_reads_equal_to_polars(tmp_path):

@@ -96,7 +96,7 @@ def test_a_result_moved_to_host_memory_says_so_on_the_task_run_that_made_it():
     made, out, back = [line.message for line in by_run[uuid.UUID(table_0)]]
     assert made.startswith(f"cudf-polars result 'table-0': {ROWS} rows, {TABLE_BYTES:,} bytes (1.5 MiB), ")
     assert re.fullmatch(rf"cudf-polars result 'table-0' moved to host memory \(host frame\) in \d+\.\d{{3}} s "
-                        rf"\({TABLE_BYTES:,} bytes \(1\.5 MiB\)\) to keep the unread results within device_memory_limit",
+                        rf"\({TABLE_BYTES:,} bytes \(1\.5 MiB\)\) to make room within device_memory_limit",
                         out), out
     reader = re.fullmatch(r"cudf-polars result 'table-0' read back from host memory \(host frame\) by task run "
                           r"'total' \(id (\S+)\)", back)
