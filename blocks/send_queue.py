@@ -2,7 +2,10 @@
 One queue, and one thread of ours, that hands a session's events and log lines to Prefect off the caller's path.
 
 A caller queues a send with a copy of its context (microseconds); the thread
-runs the sends in order, each in its caller's context, so Prefect's
+gathers what is queued for :data:`LINGER_S` seconds after the first send of a
+batch, then runs the batch in order, each send in its caller's context (a
+burst of tasks pays for its events together, between their own steps, not
+inside each of them), so Prefect's
 ``EventsWorker`` attaches the runs it finds there as if the caller had sent
 it. Prefect's own queue services run on its global event loop thread, where
 starting another of its services from a handler waits on a lock a starting
@@ -14,11 +17,13 @@ forked child starts a queue of its own.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from prefect_cudf_polars.blocks.backends.compat import register_before_thread_shutdown
@@ -29,6 +34,8 @@ logger = logging.getLogger("prefect_cudf_polars")
 THREAD_NAME = "prefect-cudf-polars-telemetry"
 #: Seconds the interpreter's exit waits for what is still queued.
 EXIT_WAIT_S = 5.0
+#: Seconds the thread gathers sends after the first of a batch before it runs them.
+LINGER_S = 0.05
 
 _queue: queue.SimpleQueue[tuple[contextvars.Context, Callable[[], None]]] = queue.SimpleQueue()
 _started_in: int | None = None  # the process whose thread runs the queue
@@ -61,8 +68,13 @@ def wait_sent(timeout: float) -> bool:
 
 def _serve(sends: queue.SimpleQueue[tuple[contextvars.Context, Callable[[], None]]]) -> None:
     while True:
-        context, send = sends.get()
-        try:
-            context.run(send)
-        except Exception as exc:  # a send must not stop the queue
-            logger.warning("Could not send a cudf-polars event or log line: %s", exc)
+        batch = [sends.get()]
+        time.sleep(LINGER_S)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                batch.append(sends.get_nowait())
+        for context, send in batch:
+            try:
+                context.run(send)
+            except Exception as exc:  # a send must not stop the queue
+                logger.warning("Could not send a cudf-polars event or log line: %s", exc)
