@@ -155,11 +155,12 @@ class EngineCalls:
             running, ledger = host.engine, host.ledger
             with call_environment(running, environment):
                 artifact = kind == "execute" and self.block.result_artifacts
-                if claimed or artifact or self._book.frames_out():  # the plan may read a frame: look
+                looks = artifact or self._book.frames_out() or not all(r.deferred for r in read_by(claimed).values())
+                if looks:  # the plan may read a frame: look
                     flags, plans = prepare_result(lf, optimized=artifact)
                     scanned = self._book.scanned(plans[0])
-                else:  # it reads no frame of ours: polars' defaults; the event's plan is made off this thread
-                    flags, plans = pl.QueryOptFlags(), plans_later(lf)
+                else:  # it reads no frame of ours (what it claimed are plans): polars' defaults; the event's plan is
+                    flags, plans = pl.QueryOptFlags(), plans_later(lf)  # made off this thread
                 for result in {*claimed, *scanned}:  # a frame an earlier query read, or a released one, is refused
                     result.check_scan(call.run)
                 call.planned = True
@@ -183,7 +184,7 @@ class EngineCalls:
             if kind == "execute" and not isinstance(value, GPUResult):  # made, but no handle holds it
                 value.release()
             raise
-        return value, plans, reading.memory, input_reads(claimed, plans[0]) if claimed else []
+        return value, plans, reading.memory, input_reads(claimed, plans[0]) if looks else []
 
     def _finished(self, out: tuple) -> Any:
         """On the caller's side of an engine call: tell Prefect of the result it produced; its value."""
