@@ -42,6 +42,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks.admission import slots_for
+from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
+from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE, invalid_fields
+
 #: The work pool the project's prefect.yaml deploys to.
 DEFAULT_POOL = "gpu-pool"
 #: The engine block name the project's prefect.yaml passes to the main job.
@@ -104,8 +109,6 @@ def save_engine(name: str, *, backend: str, cpu_fallback: bool = False, device_m
         If ``backend`` is not one of the names above, ``device_memory_limit`` is
         not bytes or a percentage, or ``admission_limit`` comes without it.
     """
-    from prefect_cudf_polars.blocks import CudfPolarsEngine
-
     timeout = {} if admission_timeout is None else {"admission_timeout": admission_timeout}
     return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback, device_memory_limit=device_memory_limit,
                                 admission_limit=admission_limit, **timeout).save(name, overwrite=True))
@@ -148,8 +151,6 @@ def gpu_memory_slots(gpu_memory_bytes: int) -> int:
     so N flow runs of ``100/N`` % of this GPU fit in it together: an H200's
     139.8 GiB give 140 slots, and each of two 50 % runs occupies 70.
     """
-    from prefect_cudf_polars.blocks.admission import slots_for
-
     return slots_for(gpu_memory_bytes)
 
 
@@ -305,13 +306,6 @@ BACKEND_HELP = ("auto: spmd with one visible GPU, dask with several; spmd: one G
                 "a local Dask cluster the flow run starts, one worker per GPU; ray: a local Ray the flow run starts, "
                 "one actor per GPU; cpu: polars' CPU engine, no GPU (default: %(default)s)")
 DEPLOY_BACKEND_DEFAULT = "spmd where a GPU backend can run here, else auto with --cpu-fallback, as make run"
-CPU_FALLBACK_HELP = "with no usable GPU, warn and use the cpu backend instead of failing"
-DEVICE_MEMORY_LIMIT_HELP = ("device memory each flow run's engine may use: bytes (40000000000) or a percentage of the "
-                            "GPU's memory (40%%); its slots of the admission limit are this in GiB, rounded up "
-                            "(default: the whole GPU)")
-ADMISSION_LIMIT_HELP = ("Prefect global concurrency limit whose slots are GiB of device memory: each flow run occupies "
-                        "its device memory limit's GiB while its engine runs (needs --device-memory-limit; default: "
-                        "no admission)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -347,10 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     for command, backend, default in ((save, "auto", "%(default)s"), (dep, None, DEPLOY_BACKEND_DEFAULT)):
         command.add_argument("--backend", default=backend, choices=BACKENDS,
                              help=BACKEND_HELP.replace("%(default)s", default))
-        command.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
+        command.add_argument("--cpu-fallback", action="store_true",
+                             help="with no usable GPU, warn and use the cpu backend instead of failing")
         command.add_argument("--device-memory-limit", type=memory_limit_value, metavar="BYTES|PCT%",
-                             help=DEVICE_MEMORY_LIMIT_HELP)
-        command.add_argument("--admission-limit", metavar="NAME", help=ADMISSION_LIMIT_HELP)
+                             help="device memory each flow run's engine may use: bytes (40000000000) or a percentage "
+                             "of the GPU's memory (40%%); its slots of the admission limit are this in GiB, rounded "
+                             "up (default: the whole GPU)")
+        command.add_argument("--admission-limit", metavar="NAME", help="Prefect global concurrency limit whose slots "
+                             "are GiB of device memory: each flow run occupies its device memory limit's GiB while its "
+                             "engine runs (needs --device-memory-limit; default: no admission)")
     save.add_argument("--admission-timeout", type=float, metavar="SECONDS",
                       help="seconds a flow run waits for its admission slots before it fails (default: 3600)")
     dep.add_argument("--gpu-memory-gib", type=whole_gib, metavar="N",
@@ -374,10 +373,6 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     it was not given.
     """
     from pydantic import ValidationError
-
-    from prefect_cudf_polars.blocks import CudfPolarsEngine
-    from prefect_cudf_polars.blocks.admission import slots_for
-    from prefect_cudf_polars.blocks.errors import invalid_fields
 
     limit = args.device_memory_limit
     fields = ("backend", "device_memory_limit", "admission_limit", "admission_timeout")
@@ -405,9 +400,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     parser = args.commands[args.command]  # its errors show the command's usage
     if args.command == "admission-limit":
-        from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
-        from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE
-
         if not re.match(LIMIT_NAME_PATTERN, args.name):
             parser.error(f"{args.name!r} is not {LIMIT_NAME_RULE}")
         set_admission_limit(args.name, args.slots)
