@@ -121,8 +121,7 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console | None 
             str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
             *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")))
     # A pipe or a CI log gets a wide table instead of rich's 80 columns.
-    console = console or (Console() if sys.stdout.isatty() else Console(width=140))
-    console.print(table)
+    (console or (Console() if sys.stdout.isatty() else Console(width=140))).print(table)
 
 
 @flow(name="flight-delay-report")
