@@ -19,6 +19,7 @@ Run it with ``make run`` or ``python -m prefect_cudf_polars.flows.flight_delays`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from contextlib import ExitStack
 import sys
@@ -61,8 +62,7 @@ def load_data(data_dir: str | None = None) -> dict[str, str]:
 @gpu_task(name="enrich-flights")
 def enrich_flights(paths: dict[str, str]) -> pl.LazyFrame:
     """Step 1 on the GPU: flights joined with weather and planes (see report_queries)."""
-    tables = ("flights", "weather", "planes")
-    return report_queries.enrich_flights(*(pl.scan_parquet(paths[table]) for table in tables))
+    return report_queries.enrich_flights(*(pl.scan_parquet(paths[table]) for table in ("flights", "weather", "planes")))
 
 
 @gpu_task(name="route-month-delays")
@@ -199,13 +199,10 @@ def flight_delay_report(
 
 def _positive_int(text: str) -> int:
     """``--top``: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return value
+    with contextlib.suppress(ValueError):
+        if (value := int(text)) >= 1:
+            return value
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -123,10 +123,9 @@ def explain(*, url: str, bucket: str, code: str, status: str, access: S3Access, 
         reason = "denied"
     else:
         reason = "not-found" if code in _NO_KEY or status == "404" else "failed"
-    message = ("Could not {doing} {url}" + _MESSAGES[reason]).format(
+    return S3AccessError(("Could not {doing} {url}" + _MESSAGES[reason]).format(
         doing=doing, url=url, bucket=bucket, where=access.describe(), code=code, answer=code or "HTTP " + status,
-        detail=scrub(detail, access) or code or status)
-    return S3AccessError(message, url=url, reason=reason)
+        detail=scrub(detail, access) or code or status), url=url, reason=reason)
 
 
 def explain_engine_error(exc: BaseException, *, url: str, bucket: str, access: S3Access,
