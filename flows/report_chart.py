@@ -47,13 +47,12 @@ def carrier_month_chart(delays: pl.DataFrame, path: Path, *, title: str) -> Path
 
     grid = delays.pivot("month", index="carrier", values="mean_arr_delay", sort_columns=True).sort("carrier")
     months = [c for c in grid.columns if c != "carrier"]
-    values = grid.select(months).to_numpy()
     fig = Figure(figsize=(10, 0.45 * grid.height + 2))
     ax = fig.add_subplot()
     # Colour limits from the 2nd and 98th percentiles: a carrier with a handful of
     # flights in a month (OO) would otherwise wash out every other cell.
     low, high = delays["mean_arr_delay"].quantile(0.02), delays["mean_arr_delay"].quantile(0.98)
-    image = ax.imshow(values, aspect="auto", cmap="RdYlGn_r", vmin=low, vmax=high)
+    image = ax.imshow(grid.select(months).to_numpy(), aspect="auto", cmap="RdYlGn_r", vmin=low, vmax=high)
     ax.set_xticks(range(len(months)), labels=[str(m) for m in months])
     ax.set_yticks(range(grid.height), labels=grid["carrier"].to_list())
     ax.set(xlabel="month (2013); blank: no flights", ylabel="carrier", title=title)

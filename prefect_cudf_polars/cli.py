@@ -40,6 +40,12 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from prefect_cudf_polars.blocks import CudfPolarsEngine
+from prefect_cudf_polars.blocks.admission import slots_for
+from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
+from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE, invalid_fields
 
 #: The work pool the project's prefect.yaml deploys to.
 DEFAULT_POOL = "gpu-pool"
@@ -103,8 +109,6 @@ def save_engine(name: str, *, backend: str, cpu_fallback: bool = False, device_m
         If ``backend`` is not one of the names above, ``device_memory_limit`` is
         not bytes or a percentage, or ``admission_limit`` comes without it.
     """
-    from prefect_cudf_polars.blocks import CudfPolarsEngine
-
     timeout = {} if admission_timeout is None else {"admission_timeout": admission_timeout}
     return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback, device_memory_limit=device_memory_limit,
                                 admission_limit=admission_limit, **timeout).save(name, overwrite=True))
@@ -147,14 +151,12 @@ def gpu_memory_slots(gpu_memory_bytes: int) -> int:
     so N flow runs of ``100/N`` % of this GPU fit in it together: an H200's
     139.8 GiB give 140 slots, and each of two 50 % runs occupies 70.
     """
-    from prefect_cudf_polars.blocks.admission import slots_for
-
     return slots_for(gpu_memory_bytes)
 
 
-def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback: bool = False,
-                    device_memory_limit: int | str | None = None, admission_limit: str | None = None,
-                    gpu_memory_gib: int | None = None) -> list[list[str]]:
+def deploy_commands(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
+                    cpu_fallback: bool = False, device_memory_limit: int | str | None = None,
+                    admission_limit: str | None = None, gpu_memory_gib: int | None = None) -> list[list[str]]:
     """
     The commands ``deploy`` runs, in order, as the README (and ``docs/admission.md``) write them.
 
@@ -167,14 +169,19 @@ def deploy_commands(*, engine_block: str, backend: str, pool: str, cpu_fallback:
 
     Parameters
     ----------
-    engine_block, backend, pool, cpu_fallback
-        As for :func:`deploy`.
+    engine_block, backend, cpu_fallback
+        The engine block to save (see :func:`save_engine`).
+    pool
+        The process work pool (created or overwritten). It must match
+        ``prefect.yaml``. Without admission its concurrency limit is 1: one
+        flow run at a time per GPU machine; with admission it has none.
     device_memory_limit : int or str, optional
-        The engine block's ``device_memory_limit``: bytes or ``"40%"``.
+        The engine block's ``device_memory_limit`` (bytes or ``"40%"``), per flow run.
     admission_limit : str, optional
-        The global concurrency limit's name.
+        The global concurrency limit flow runs occupy their GiB of; needs
+        ``device_memory_limit`` and ``gpu_memory_gib``.
     gpu_memory_gib : int, optional
-        Its slots: GiB of the GPU's memory (needed with ``admission_limit``).
+        The limit's slots: GiB of the GPU's memory.
 
     Returns
     -------
@@ -241,29 +248,18 @@ def to_argv(command: list[str]) -> list[str]:
     return [sys.executable, "-m", module, *command[1:]]
 
 
-def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
-           project_dir: str | Path = ".", cpu_fallback: bool = False, device_memory_limit: int | str | None = None,
-           admission_limit: str | None = None, gpu_memory_gib: int | None = None) -> None:
+def deploy(*, project_dir: str | Path = ".", **settings: Any) -> None:
     """
     Register the block type, save the engine block, create the pool (and the admission limit), deploy every flow.
 
     Parameters
     ----------
-    engine_block, backend, cpu_fallback
-        The engine block to save (see :func:`save_engine`).
-    pool
-        The process work pool (created or overwritten). It must match
-        ``prefect.yaml``. Without admission its concurrency limit is 1: one
-        flow run at a time per GPU machine; with admission it has none.
     project_dir
         Folder holding ``prefect.yaml`` (the checkout's root).
-    device_memory_limit
-        The engine block's ``device_memory_limit`` (bytes or ``"40%"``), per flow run.
-    admission_limit
-        The global concurrency limit flow runs occupy their GiB of (see
-        :func:`deploy_commands`); needs ``device_memory_limit`` and ``gpu_memory_gib``.
-    gpu_memory_gib
-        The limit's slots: GiB of the GPU's memory.
+    **settings
+        ``engine_block``, ``backend``, ``pool``, ``cpu_fallback``,
+        ``device_memory_limit``, ``admission_limit`` and ``gpu_memory_gib``, as
+        for :func:`deploy_commands` (which says what each does and their defaults).
 
     Raises
     ------
@@ -281,9 +277,7 @@ def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", p
         raise DeployError("PREFECT_API_URL is not set, so deployments would go to a temporary API no worker can "
                           "reach. Start a server (`prefect server start`) and point at it: "
                           "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`.")
-    for command in deploy_commands(engine_block=engine_block, backend=backend, pool=pool, cpu_fallback=cpu_fallback,
-                                   device_memory_limit=device_memory_limit, admission_limit=admission_limit,
-                                   gpu_memory_gib=gpu_memory_gib):
+    for command in deploy_commands(**settings):
         shown = shlex.join(command)
         print(f"$ {shown}", flush=True)
         # prefect.yaml's pull step names "{{ $PWD }}": the checkout's root.
@@ -312,13 +306,6 @@ BACKEND_HELP = ("auto: spmd with one visible GPU, dask with several; spmd: one G
                 "a local Dask cluster the flow run starts, one worker per GPU; ray: a local Ray the flow run starts, "
                 "one actor per GPU; cpu: polars' CPU engine, no GPU (default: %(default)s)")
 DEPLOY_BACKEND_DEFAULT = "spmd where a GPU backend can run here, else auto with --cpu-fallback, as make run"
-CPU_FALLBACK_HELP = "with no usable GPU, warn and use the cpu backend instead of failing"
-DEVICE_MEMORY_LIMIT_HELP = ("device memory each flow run's engine may use: bytes (40000000000) or a percentage of the "
-                            "GPU's memory (40%%); its slots of the admission limit are this in GiB, rounded up "
-                            "(default: the whole GPU)")
-ADMISSION_LIMIT_HELP = ("Prefect global concurrency limit whose slots are GiB of device memory: each flow run occupies "
-                        "its device memory limit's GiB while its engine runs (needs --device-memory-limit; default: "
-                        "no admission)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,10 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     for command, backend, default in ((save, "auto", "%(default)s"), (dep, None, DEPLOY_BACKEND_DEFAULT)):
         command.add_argument("--backend", default=backend, choices=BACKENDS,
                              help=BACKEND_HELP.replace("%(default)s", default))
-        command.add_argument("--cpu-fallback", action="store_true", help=CPU_FALLBACK_HELP)
+        command.add_argument("--cpu-fallback", action="store_true",
+                             help="with no usable GPU, warn and use the cpu backend instead of failing")
         command.add_argument("--device-memory-limit", type=memory_limit_value, metavar="BYTES|PCT%",
-                             help=DEVICE_MEMORY_LIMIT_HELP)
-        command.add_argument("--admission-limit", metavar="NAME", help=ADMISSION_LIMIT_HELP)
+                             help="device memory each flow run's engine may use: bytes (40000000000) or a percentage "
+                             "of the GPU's memory (40%%); its slots of the admission limit are this in GiB, rounded "
+                             "up (default: the whole GPU)")
+        command.add_argument("--admission-limit", metavar="NAME", help="Prefect global concurrency limit whose slots "
+                             "are GiB of device memory: each flow run occupies its device memory limit's GiB while its "
+                             "engine runs (needs --device-memory-limit; default: no admission)")
     save.add_argument("--admission-timeout", type=float, metavar="SECONDS",
                       help="seconds a flow run waits for its admission slots before it fails (default: 3600)")
     dep.add_argument("--gpu-memory-gib", type=whole_gib, metavar="N",
@@ -381,10 +373,6 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     it was not given.
     """
     from pydantic import ValidationError
-
-    from prefect_cudf_polars.blocks import CudfPolarsEngine
-    from prefect_cudf_polars.blocks.admission import slots_for
-    from prefect_cudf_polars.blocks.errors import invalid_fields
 
     limit = args.device_memory_limit
     fields = ("backend", "device_memory_limit", "admission_limit", "admission_timeout")
@@ -411,34 +399,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``prefect-cudf-polars`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     parser = args.commands[args.command]  # its errors show the command's usage
+    if args.command == "admission-limit":
+        if not re.match(LIMIT_NAME_PATTERN, args.name):
+            parser.error(f"{args.name!r} is not {LIMIT_NAME_RULE}")
+        set_admission_limit(args.name, args.slots)
+        print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
+        return 0
     note = None
     if args.command == "deploy":
         args.backend, args.cpu_fallback, note = deploy_backend(args.backend, args.cpu_fallback)
-    if args.command == "admission-limit":
-        from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
-        from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE
-
-        if not re.match(LIMIT_NAME_PATTERN, args.name):
-            parser.error(f"{args.name!r} is not {LIMIT_NAME_RULE}")
-    else:
-        check_engine_arguments(parser, args)
+    check_engine_arguments(parser, args)
     engine = {"backend": args.backend, "cpu_fallback": args.cpu_fallback, "device_memory_limit":
-              args.device_memory_limit, "admission_limit": args.admission_limit} if args.command != "admission-limit" else {}
+              args.device_memory_limit, "admission_limit": args.admission_limit}
     if args.command == "save-engine":
         block_id = save_engine(args.name, admission_timeout=args.admission_timeout, **engine)
         print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
-    elif args.command == "admission-limit":
-        set_admission_limit(args.name, args.slots)
-        print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
-    else:
-        if note is not None:
-            print(note, flush=True)
-        try:
-            deploy(engine_block=args.engine_block, pool=args.pool, project_dir=args.project_dir,
-                   gpu_memory_gib=args.gpu_memory_gib, **engine)
-        except DeployError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+        return 0
+    if note is not None:
+        print(note, flush=True)
+    try:
+        deploy(engine_block=args.engine_block, pool=args.pool, project_dir=args.project_dir,
+               gpu_memory_gib=args.gpu_memory_gib, **engine)
+    except DeployError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

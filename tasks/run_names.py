@@ -22,6 +22,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from prefect_cudf_polars.blocks import GPUResult
@@ -77,9 +78,4 @@ def tee_run_name(parameters: dict[str, Any]) -> str:
 
 def gpu_task_run_name(name: str) -> Callable[..., str]:
     """A ``task_run_name`` callable that returns ``name`` (a ``gpu_task``'s query name), named apart."""
-
-    def run_name(parameters: dict[str, Any]) -> str:
-        return distinct_run_name(name)
-
-    run_name.__name__ = f"run_name_{name}"
-    return _signed(run_name)
+    return _signed(partial(distinct_run_name, name))

@@ -54,17 +54,13 @@ def persistence_requests(options: Mapping[str, Any] | Any) -> list[str]:
         Readable reasons, e.g. ``["persist_result=True"]``; empty when none.
     """
     get = options.get if isinstance(options, Mapping) else lambda k, d=None: getattr(options, k, d)
-    reasons = []
-    if get("persist_result") is True:
-        reasons.append("persist_result=True")
-    if get("result_storage_key"):
-        reasons.append(f"result_storage_key={get('result_storage_key')!r}")
     policy = get("cache_policy")
-    if isinstance(policy, CachePolicy) and not isinstance(policy, type(NO_CACHE)):
-        reasons.append(f"cache_policy={type(policy).__name__}")
-    if get("cache_key_fn") is not None:
-        reasons.append("cache_key_fn")
-    return reasons
+    asked = {"persist_result=True": get("persist_result") is True,
+             f"result_storage_key={get('result_storage_key')!r}": bool(get("result_storage_key")),
+             f"cache_policy={type(policy).__name__}": isinstance(policy, CachePolicy)
+             and not isinstance(policy, type(NO_CACHE)),
+             "cache_key_fn": get("cache_key_fn") is not None}
+    return [reason for reason, yes in asked.items() if yes]
 
 
 def warn_if_persistence_requested(extra: Iterable[str] = ()) -> None:

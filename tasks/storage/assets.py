@@ -62,14 +62,6 @@ def asset_key(location: str) -> str | None:
     return key
 
 
-def _assets(locations: list[str], *, name: str | None = None) -> set[Any]:
-    from prefect.assets import Asset, AssetProperties
-
-    keys = {key for key in map(asset_key, locations) if key is not None}
-    properties = AssetProperties(name=name) if name else None
-    return {Asset(key=key, properties=properties) for key in keys}
-
-
 def declare_sources(locations: list[str]) -> None:
     """
     Declare ``locations`` as upstream assets of the current task run.
@@ -79,12 +71,14 @@ def declare_sources(locations: list[str]) -> None:
     locations : list of str
         Local paths or ``s3://`` URLs read.
     """
+    from prefect.assets import Asset
     from prefect.context import AssetContext
 
     ctx = AssetContext.get()
     if ctx is None:
         return
-    ctx.direct_asset_dependencies = ctx.direct_asset_dependencies | _assets(locations)
+    sources = {Asset(key=key) for key in map(asset_key, locations) if key is not None}
+    ctx.direct_asset_dependencies = ctx.direct_asset_dependencies | sources
     ctx.update_tracked_assets()
 
 
@@ -102,16 +96,18 @@ def declare_target(location: str) -> str | None:
     str or None
         Its asset key, or ``None`` when nothing was declared.
     """
+    from prefect.assets import Asset, AssetProperties
     from prefect.context import AssetContext
 
     ctx = AssetContext.get()
-    target = _assets([location], name=Path(location.rstrip("/")).name or location)
-    if ctx is None or not target:
+    key = asset_key(location)
+    if ctx is None or key is None:
         return None
-    ctx.downstream_assets = ctx.downstream_assets | target
+    name = Path(location.rstrip("/")).name or location
+    ctx.downstream_assets = ctx.downstream_assets | {Asset(key=key, properties=AssetProperties(name=name))}
     ctx.materialized_by = MATERIALIZED_BY
     ctx.update_tracked_assets()
-    return next(iter(target)).key
+    return key
 
 
 def record_written(key: str | None, metadata: dict[str, Any]) -> None:

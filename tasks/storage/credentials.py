@@ -85,9 +85,8 @@ class S3Access:
             ``aws_endpoint_url`` (polars allows an ``http://`` endpoint as given),
             or ``aws_skip_signature`` when anonymous.
         """
-        names = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
         options = {"aws_region": self.region, "aws_endpoint_url": self.endpoint_url or None,
-                   "aws_skip_signature": "true" if self.anonymous else None, **dict(zip(names, self._keys()))}
+                   "aws_skip_signature": "true" if self.anonymous else None, **self._keys()}
         return {name: value for name, value in options.items() if value is not None}
 
     def environment(self) -> dict[str, str | None]:
@@ -101,9 +100,8 @@ class S3Access:
             for the call" (so a stale ``AWS_ENDPOINT_URL`` or session token of the
             process is not picked up).
         """
-        names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
         return {"AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region, "AWS_ENDPOINT_URL": self.endpoint_url,
-                **dict(zip(names, self._keys()))}
+                **{name.upper(): value for name, value in self._keys().items()}}
 
     def client(self) -> Any:
         """
@@ -117,16 +115,15 @@ class S3Access:
         from botocore import UNSIGNED
         from botocore.config import Config
 
-        key_id, secret_key, token = self._keys()
         return boto3.session.Session().client(
             "s3", region_name=self.region, endpoint_url=self.endpoint_url, verify=self.verify,
-            config=Config(signature_version=UNSIGNED) if self.anonymous else None,
-            aws_access_key_id=key_id, aws_secret_access_key=secret_key, aws_session_token=token)
+            config=Config(signature_version=UNSIGNED) if self.anonymous else None, **self._keys())
 
-    def _keys(self) -> list[str | None]:
-        """Key id, secret key and session token as plain text (``None`` each when anonymous)."""
+    def _keys(self) -> dict[str, str | None]:
+        """Key id, secret key and session token as plain text (``None`` each when anonymous), by boto3's names."""
         keys = (self.access_key_id, self.secret_access_key, self.session_token)
-        return [None if self.anonymous else _reveal(key) for key in keys]
+        names = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+        return {name: None if self.anonymous else _reveal(key) for name, key in zip(names, keys)}
 
     def secrets(self) -> list[str]:
         """The secret strings (key id, secret key, session token) to keep out of messages."""
@@ -139,8 +136,6 @@ class S3Access:
     def __repr__(self) -> str:
         keys = "anonymous" if self.anonymous else "key pair set"
         return f"S3Access({keys}, endpoint={self.endpoint_url!r}, region={self.region!r})"
-
-    __str__ = __repr__
 
     def __reduce__(self) -> Any:
         raise TypeError("S3Access holds secrets and is not pickled: pass the AwsCredentials block (or its saved name) "
@@ -203,9 +198,8 @@ def resolve_s3_access(credentials: AwsCredentials | None) -> S3Access:
         frozen = found.get_frozen_credentials() if found is not None else None
         keys = (frozen.access_key, frozen.secret_key, frozen.token) if frozen else (None, None, None)
         region = credentials.region_name or session.region_name
-    key_id, secret_key, token = (SecretStr(key) if key else None for key in keys)
-    return S3Access(access_key_id=key_id, secret_access_key=secret_key, session_token=token,
-                    region=region or DEFAULT_REGION, endpoint_url=endpoint, verify=params.verify is not False)
+    return S3Access(*(SecretStr(key) if key else None for key in keys), region=region or DEFAULT_REGION,
+                    endpoint_url=endpoint, verify=params.verify is not False)
 
 
 def scrub(text: str, access: S3Access | None) -> str:

@@ -10,6 +10,7 @@ it can be logged, shown in the UI and pickled into result storage.
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
@@ -18,7 +19,7 @@ from prefect_cudf_polars.tasks.storage.credentials import scrub
 if TYPE_CHECKING:
     from prefect_cudf_polars.tasks.storage.credentials import S3Access
 
-__all__ = ["S3AccessError", "explain_client_error", "explain_engine_error"]
+__all__ = ["S3AccessError", "explain_engine_error"]
 
 #: Server answers (S3 error codes and HTTP statuses) and what they mean for the user.
 _CREDENTIALS = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"})
@@ -64,18 +65,21 @@ class S3AccessError(RuntimeError):
         self.reason = reason
 
     def __reduce__(self):  # keep url and reason through pickling
-        return (_rebuild, (str(self), self.url, self.reason))
-
-
-def _rebuild(message: str, url: str, reason: str) -> S3AccessError:
-    return S3AccessError(message, url=url, reason=reason)
+        return partial(type(self), url=self.url, reason=self.reason), (str(self),)
 
 
 _QUOTED_CODE = re.compile(r"An error occurred \((\w+)\)")
 
 
-def _code_of(exc: BaseException) -> tuple[str, str]:
-    """The S3 error code and HTTP status of a botocore error (or one wrapping it)."""
+def answer_of(exc: BaseException) -> tuple[str, str]:
+    """
+    The S3 error code and HTTP status of a boto3/botocore error (or one wrapping it), either may be empty.
+
+    Parameters
+    ----------
+    exc
+        A ``botocore.exceptions.ClientError`` (server answer) or a connection error.
+    """
     seen: BaseException | None = exc
     while seen is not None:
         if response := getattr(seen, "response", None):
@@ -119,27 +123,9 @@ def explain(*, url: str, bucket: str, code: str, status: str, access: S3Access, 
         reason = "denied"
     else:
         reason = "not-found" if code in _NO_KEY or status == "404" else "failed"
-    message = ("Could not {doing} {url}" + _MESSAGES[reason]).format(
+    return S3AccessError(("Could not {doing} {url}" + _MESSAGES[reason]).format(
         doing=doing, url=url, bucket=bucket, where=access.describe(), code=code, answer=code or "HTTP " + status,
-        detail=scrub(detail, access) or code or status)
-    return S3AccessError(message, url=url, reason=reason)
-
-
-def explain_client_error(exc: BaseException, *, url: str, bucket: str, access: S3Access, doing: str,
-                         bucket_request: bool = False) -> S3AccessError:
-    """
-    Translate a boto3/botocore error into an :class:`S3AccessError`.
-
-    Parameters
-    ----------
-    exc
-        A ``botocore.exceptions.ClientError`` (server answer) or a connection error.
-    url, bucket, access, doing, bucket_request
-        As for :func:`explain`.
-    """
-    code, status = _code_of(exc)
-    return explain(url=url, bucket=bucket, code=code, status=status, access=access, doing=doing,
-                   detail=f"{type(exc).__name__}: {exc}", bucket_request=bucket_request)
+        detail=scrub(detail, access) or code or status), url=url, reason=reason)
 
 
 def explain_engine_error(exc: BaseException, *, url: str, bucket: str, access: S3Access,

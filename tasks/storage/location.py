@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prefect_cudf_polars.tasks.storage.credentials import S3Access
-from prefect_cudf_polars.tasks.storage.errors import S3AccessError, explain_client_error
+from prefect_cudf_polars.tasks.storage.errors import S3AccessError, answer_of, explain
 
 #: A glob character in a key or path.
 GLOB = re.compile(r"[*?\[]")
@@ -43,12 +43,6 @@ class S3Location:
     url: str
     bucket: str
     key: str
-
-    @property
-    def listing_prefix(self) -> str:
-        """The key up to its first glob character (what to list to find matches)."""
-        match = GLOB.search(self.key)
-        return self.key[: match.start()] if match else self.key
 
     def folder_key(self, name: str) -> str:
         """The object key of ``name`` under this location taken as a folder."""
@@ -82,7 +76,14 @@ def parse_s3_url(url: str) -> S3Location:
 def client_errors(location: S3Location, access: S3Access, *, doing: str,
                   bucket_request: bool = False) -> Iterator[None]:
     """
-    Raise what boto3 raises in the block as an :class:`S3AccessError` (:func:`explain_client_error`).
+    Raise what boto3 raises in the block as an :class:`S3AccessError` (the server's answer, :func:`explain`).
+
+    Parameters
+    ----------
+    location
+        The ``s3://`` URL concerned.
+    access, doing, bucket_request
+        As for :func:`~prefect_cudf_polars.tasks.storage.errors.explain`.
 
     Raises
     ------
@@ -92,8 +93,9 @@ def client_errors(location: S3Location, access: S3Access, *, doing: str,
     try:
         yield
     except Exception as exc:
-        raise explain_client_error(exc, url=location.url, bucket=location.bucket, access=access, doing=doing,
-                                   bucket_request=bucket_request) from None
+        code, status = answer_of(exc)
+        raise explain(url=location.url, bucket=location.bucket, code=code, status=status, access=access, doing=doing,
+                      detail=f"{type(exc).__name__}: {exc}", bucket_request=bucket_request) from None
 
 
 def check_bucket(client: Any, location: S3Location, access: S3Access, *, doing: str, prefix: str = "") -> dict:
@@ -136,7 +138,7 @@ def check_readable(location: S3Location, access: S3Access) -> None:
         Missing bucket, refused credentials, no permission, or no object under
         the URL (``reason="not-found"``).
     """
-    prefix = location.listing_prefix
+    prefix = GLOB.split(location.key, maxsplit=1)[0]  # the key up to its first glob character: what to list
     listing = check_bucket(access.client(), location, access, doing="read parquet from", prefix=prefix)
     if not listing.get("KeyCount"):
         raise S3AccessError(f"Could not read parquet from {location.url}: no object in bucket {location.bucket!r} at "

@@ -102,7 +102,7 @@ def run_reading_s3(session: EngineSession, access: S3Access, fn: Any, *args: Any
     S3AccessError
         When the engine's reader was refused or found nothing; when the GPU
         reader's error does not say why, the reason is the server's answer to
-        a listing with the same credentials (:func:`is_remote_read_failure`).
+        a listing with the same credentials (:func:`_ask_the_server`).
     """
     environment = {} if session.backend == "cpu" else {"environment": access.environment()}
     try:
@@ -110,35 +110,32 @@ def run_reading_s3(session: EngineSession, access: S3Access, fn: Any, *args: Any
     except Exception as exc:
         location = parse_s3_url(url)
         translated = explain_engine_error(exc, url=url, bucket=location.bucket, access=access,
-                                          doing="read parquet from")
-        if translated is None and is_remote_read_failure(exc):
-            translated = _ask_the_server(location, access, exc)
+                                          doing="read parquet from") or _ask_the_server(location, access, exc)
         if translated is None:
             raise
         raise translated from None
 
 
-def is_remote_read_failure(exc: BaseException) -> bool:
+def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) -> S3AccessError | None:
     """
-    Whether ``exc`` is libcudf's failure to open a remote file through KvikIO.
+    Explain libcudf's failure to open a remote file through KvikIO: ask the server with boto3.
 
     With keys the server refuses, cudf-polars 26.10 (libcudf through KvikIO)
     fails the GPU read with ``RuntimeError('CUDF failure at: .../datasource.cpp:430:
     Error accessing the remote file. Reason: KvikIO detects an URL error at:
     .../url.cpp:114: Unsupported URL scheme')``: the server's answer is not in it.
-    """
-    return any("error accessing the remote file" in str(e).lower() for e in iter_exceptions(exc))
-
-
-def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) -> S3AccessError:
-    """
-    Explain a GPU read failure that does not quote the server: ask the server with boto3.
-
-    Lists the URL's prefix with the same credentials (:func:`check_readable`);
+    So the URL's prefix is listed with the same credentials (:func:`check_readable`);
     its answer (refused keys, no permission, no bucket, no object) becomes the
     error. If the server answers the listing, the error quotes the engine's
     message (secrets scrubbed) with ``reason="failed"``.
+
+    Returns
+    -------
+    S3AccessError or None
+        ``None`` when ``exc`` is not that failure (re-raise it as is).
     """
+    if not any("error accessing the remote file" in str(e).lower() for e in iter_exceptions(exc)):
+        return None
     try:
         check_readable(location, access)
     except S3AccessError as answer:

@@ -9,7 +9,6 @@ Names are kept apart within a session as for every GPU task run
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from itertools import takewhile
 from pathlib import PurePosixPath
@@ -22,9 +21,9 @@ _PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
 def _one_name(source: str) -> str:
-    parts = PurePosixPath(re.sub(r"^s3://", "", str(source)).rstrip("/")).parts
+    path = PurePosixPath(source.removeprefix("s3://").rstrip("/"))
     # trips/*.parquet, trips/2024-*/part.parquet: the folder above the pattern
-    parts = tuple(takewhile(lambda part: not GLOB.search(part), parts))
+    parts = tuple(takewhile(lambda part: not GLOB.search(part), path.parts))
     if not parts:
         return "parquet"
     last = PurePosixPath(parts[-1])
