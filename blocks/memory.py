@@ -212,6 +212,7 @@ class MemoryLedger:
         self._held: dict[str, weakref.ref[GPUResult]] = {}  # in the order produced
         self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
+        self._demand_lock = threading.Lock()  # moves on a running query's demand, one thread at a time
 
     def start(self, spill: str, limit: int | None, ranks: int, host_limit: int = 0) -> None:
         """The engine started: the block's ``spill_results``, its limit in bytes per rank (``None``: none), its ranks,
@@ -309,24 +310,28 @@ class MemoryLedger:
 
     def on_demand(self, nbytes: int, running: RunningEngine) -> bool:
         """
-        The ``running`` engine needs ``nbytes`` more bytes than its limit leaves, while a query runs (on the thread
-        that allocates): with ``spill="host"``, move unread results the running call does not read to host memory,
-        least recently produced first, until that much left the engine. Whether anything did (the engine then
-        tries again; else its allocation fails as out of memory). A failure to move is logged, never raised.
+        The ``running`` engine needs room for ``nbytes`` bytes while a query runs (on the thread that allocates;
+        on ``spmd`` the allocation that would pass the limit, on ``cpu`` the bytes past it): with ``spill="host"``,
+        move unread results the running call does not read to host memory, least recently produced first, until
+        as many bytes left the engine. Whether anything did (the engine then tries again; else its allocation
+        fails as out of memory). A failure to move is logged, never raised; the result stays readable.
         """
-        if self.limit is None or self.spill != "host" or getattr(_moving, "now", False):
-            return False  # a move's own allocations do not ask again
-        freed = 0
-        try:
-            while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)))[1]):
-                before = on_engine(fits[0])
-                self._move_out(fits[0], running)
-                with self._lock:
-                    self.spills["on_demand"] += 1
-                freed += before - on_engine(fits[0])
-        except Exception as exc:
-            logger.warning("cudf-polars could not move a held result to host memory for a running query: %s: %s",
-                           type(exc).__name__, exc)
+        if self.limit is None or self.spill != "host" or nbytes > self.limit or getattr(_moving, "now", False):
+            return False  # an allocation past the limit never fits; a move's own allocations do not ask again
+        freed, result = 0, None
+        with self._demand_lock:  # one thread moves at a time: each counts its own moves against the room left
+            try:
+                while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)))[1]):
+                    result = fits[0]
+                    before = on_engine(result)
+                    if self._move_out(result, running):
+                        with self._lock:
+                            self.spills["on_demand"] += 1
+                        freed += before
+            except Exception as exc:  # a failed pack takes nothing from the engine: the result stays readable
+                logger.warning("cudf-polars could not move held result %r to host memory for a running query, "
+                               "which may run out of device memory: %s: %s", getattr(result, "name", None),
+                               type(exc).__name__, exc)
         return freed > 0
 
     def host_held(self, results: Iterable[GPUResult] | None = None) -> int:
@@ -366,12 +371,19 @@ class MemoryLedger:
         for result in frames:
             self._count(result, "back", None, HOST_FRAME)
 
-    def _move_out(self, result: GPUResult, running: RunningEngine) -> None:
+    def _move_out(self, result: GPUResult, running: RunningEngine) -> bool:
+        """Move ``result`` to host memory; whether this call moved it (not when it was moved or claimed meanwhile).
+        A failure releases it only where its rows may have left the engine (a host frame's read)."""
+        taken = False
+
         def out(persisted: PersistedResult) -> PersistedResult | None:  # under the result's lock: no claim meanwhile
+            nonlocal taken
             if persisted.moved_out:
                 return None
-            if running.move_out(persisted, self.host_limit):  # packed into pinned memory in place: the handle's frames stay valid
+            # Packed into pinned memory in place (the handle's frames stay valid); a failure takes nothing.
+            if running.move_out(persisted, self.host_limit):
                 return persisted
+            taken = True  # the read takes the partitions out of the store
             try:
                 frame = running.collect(persisted.lazy(), pl.QueryOptFlags())
             except Exception as exc:
@@ -382,13 +394,15 @@ class MemoryLedger:
         started, _moving.now = time.perf_counter(), True
         try:
             moved = result.move(out)
-        except BaseException:  # the move failed or was interrupted: the rows may have left the engine unkept
-            result.release()  # a reader is told it was released, not a misleading second-read error
+        except BaseException:  # the move failed or was interrupted
+            if taken:  # the rows may have left the engine unkept: a reader is told it was released, not a
+                result.release()  # misleading second-read error
             raise
         finally:
             _moving.now = False
         if moved is not None:
             self._count(result, "out", time.perf_counter() - started, HOST_FRAME if isinstance(moved, HostCopy) else PINNED)
+        return moved is not None
 
     def _count(self, result: GPUResult, way: str, seconds: float | None, route: str) -> None:
         out = way == "out"

@@ -3,7 +3,7 @@ One queue, and one thread of ours, that hands a session's events and log lines t
 
 A caller queues a send with a copy of its context (microseconds); the thread
 gathers what is queued for :data:`LINGER_S` seconds after the first send of a
-batch, then runs the batch in order, each send in its caller's context (a
+batch (not when a session's end waits for the queue), then runs the batch in order, each send in its caller's context (a
 burst of tasks pays for its events together, between their own steps, not
 inside each of them), so Prefect's
 ``EventsWorker`` attaches the runs it finds there as if the caller had sent
@@ -23,7 +23,6 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 
 from prefect_cudf_polars.blocks.backends.compat import register_before_thread_shutdown
@@ -40,6 +39,7 @@ LINGER_S = 0.05
 _queue: queue.SimpleQueue[tuple[contextvars.Context, Callable[[], None]]] = queue.SimpleQueue()
 _started_in: int | None = None  # the process whose thread runs the queue
 _lock = threading.Lock()
+_flush = threading.Event()  # set: run what is queued now (someone waits for it)
 
 
 def send_later(send: Callable[[], None]) -> None:
@@ -63,13 +63,15 @@ def wait_sent(timeout: float) -> bool:
         return True
     done = threading.Event()
     send_later(done.set)
+    _flush.set()  # no gathering for a batch someone waits on
     return done.wait(timeout)
 
 
 def _serve(sends: queue.SimpleQueue[tuple[contextvars.Context, Callable[[], None]]]) -> None:
     while True:
         batch = [sends.get()]
-        time.sleep(LINGER_S)
+        _flush.wait(LINGER_S)
+        _flush.clear()
         with contextlib.suppress(queue.Empty):
             while True:
                 batch.append(sends.get_nowait())

@@ -7,8 +7,9 @@ fields into a running engine and enters everything it creates (the engine, a
 cluster, a lease, a Ray head) into ``stack``, a :class:`contextlib.ExitStack`
 the host closes on its owner thread when the session ends, the way
 cudf-polars' ``StreamingEngine`` closes its own ``exit_stack``. Every method
-below runs on that owner thread: rapidsmpf requires an engine to be created,
-used and shut down on one thread. Everything a backend knows about
+below runs on that owner thread (but :meth:`RunningEngine.move_out`, which a
+running query's room on demand also calls): rapidsmpf requires an engine to
+be created, used and shut down on one thread. Everything a backend knows about
 cudf-polars' internals stays behind :mod:`~prefect_cudf_polars.blocks.backends.compat`.
 """
 
@@ -88,8 +89,8 @@ class RunningEngine(abc.ABC):
     engine: Any
     #: ``device_memory_limit`` in bytes, which the engine is held to (``None``: the whole device).
     memory_limit: int | None = None
-    #: What the engine asks for room when a query's allocation would pass :attr:`memory_limit`:
-    #: ``room_wanted(nbytes, running)``, whether it freed something (``None``: nothing to ask).
+    #: What the engine asks for room when a query's allocation would pass :attr:`memory_limit`, on the thread that
+    #: allocates: ``room_wanted(nbytes, running)``, whether it freed something (``None``: nothing to ask).
     room_wanted: Callable[[int, RunningEngine], bool] | None = None
 
     def ask_room(self, nbytes: int) -> bool:
@@ -110,7 +111,8 @@ class RunningEngine(abc.ABC):
 
     def move_out(self, persisted: PersistedResult, pool_bytes: int) -> bool:
         """
-        Move ``persisted``'s partitions into pinned host memory in place (on the owner thread): its ``lazy()`` frames
+        Move ``persisted``'s partitions into pinned host memory in place (on the owner thread, or on the thread of a
+        running query that asked for room, :attr:`room_wanted`): its ``lazy()`` frames
         stay valid once :meth:`move_back` has run. False where this backend cannot (nothing moved). ``pool_bytes``:
         the most the engine's pinned pool, made at its first move, may grow to.
 

@@ -94,8 +94,8 @@ def pack_partitions(query_result: Any, mr: Any = None, *, take: bool, via_device
     (``None``: the current device resource). With a pinned host resource it packs straight into pinned memory;
     ``via_device`` packs into device memory first and copies that buffer out with one DMA copy
     (``rmm.DeviceBuffer(ptr=, size=, mr=)``). With ``take`` the partitions leave the store (their device memory is
-    freed once packed); else they stay. Call on the rank's process (``spmd``: this one), on the engine's owner
-    thread.
+    freed once packed); else they stay, as they do when a pack fails. Call on the rank's process (``spmd``: this
+    one), on the engine's owner thread or, while a query runs, on the thread it allocates on.
     """
     import pylibcudf as plc
     import rmm

@@ -11,6 +11,7 @@ cudf-polars internals all three share are reached through
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -137,6 +138,7 @@ class StreamingRunningEngine(RunningEngine):
         self.backend, self.memory_limit = backend, memory_limit
         self.engine: Any = None
         self._pinned: Any = None  # the pinned host memory pool of moved results, made at the first move
+        self._pinned_lock = threading.Lock()
         self.extra: dict[str, Any] = {}
         self._produced: weakref.WeakSet[Any] = weakref.WeakSet()
         stack.callback(lambda: [compat.forget_persisted(qr) for qr in list(self._produced)])
@@ -183,13 +185,14 @@ class StreamingRunningEngine(RunningEngine):
         The engine's pool of pinned host memory for moved results: an ``rmm.mr.PoolMemoryResource`` over
         ``PinnedHostMemoryResource`` (``cudaHostAlloc``), made at the first move, growing to ``pool_bytes`` then.
         """
-        if self._pinned is None:
-            import rmm.mr
+        with self._pinned_lock:  # a move on a running query's demand may come from any of the engine's threads
+            if self._pinned is None:
+                import rmm.mr
 
-            most = max(pool_bytes // PINNED_ALIGNMENT * PINNED_ALIGNMENT, PINNED_ALIGNMENT)
-            self._pinned = rmm.mr.PoolMemoryResource(rmm.mr.PinnedHostMemoryResource(), maximum_pool_size=most,
-                                                     initial_pool_size=min(PINNED_FIRST, most))
-        return self._pinned
+                most = max(pool_bytes // PINNED_ALIGNMENT * PINNED_ALIGNMENT, PINNED_ALIGNMENT)
+                self._pinned = rmm.mr.PoolMemoryResource(rmm.mr.PinnedHostMemoryResource(), maximum_pool_size=most,
+                                                         initial_pool_size=min(PINNED_FIRST, most))
+            return self._pinned
 
     def read(self, persisted: Any = None) -> Reading:
         key = compat.persisted_key(persisted.query_result) if persisted is not None else ()
