@@ -44,14 +44,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from uuid import UUID
 
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import (
     ADMISSION_NEEDS_LIMIT, CHECK_PREFECT_API, NOTHING_STARTED, SET_ADMISSION_LIMIT, AdmissionError)
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 #: Bytes per admission slot: one slot is one GiB of device memory.
 GIB = 2**30

@@ -14,18 +14,17 @@ import difflib
 import inspect
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from prefect_cudf_polars.blocks.active import SessionProvider
 from prefect_cudf_polars.blocks.engine_options import (
     NAMED_EXECUTOR_KEYS, RESERVED_EXECUTOR_KEYS, EngineOptions, streaming_executor_fields)
 from prefect_cudf_polars.blocks.errors import (
     ADMISSION_NEEDS_LIMIT, LIMIT_NAME_RULE, MEMORY_AMOUNT_RULE, SAVE_ENGINE, BlockNotFoundError, invalid_fields)
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.active import SessionProvider
 
 Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 

@@ -16,13 +16,11 @@ Within one flow run, sessions do not nest.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import SHARE_PARENT_SESSION, SessionError
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 _SUBFLOWS = (" A subflow with its own CudfPolarsTaskRunner gets a session of its own: with the same engine block it "
              "shares this engine; another block works there only where at most one of the two needs a GPU (a `cpu` "

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
 from prefect_cudf_polars.blocks.backends.compat import plan_visitor, with_optimizations
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import INSTALL
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 logger = logging.getLogger("prefect_cudf_polars.gpu_support")
 
