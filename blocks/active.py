@@ -31,15 +31,12 @@ class SessionProvider(Protocol):
     @property
     def provided_session(self) -> Any:
         """The provider's session while it is open, else ``None`` (never opens one)."""
-        ...
 
     def provide_session(self) -> Any:
         """The provider's open session, opening it at first use (see ``get_engine_session``)."""
-        ...
 
     def serve(self, future: Any) -> None:
         """Keep the session open for the task run of ``future`` (a Prefect future)."""
-        ...
 
 
 #: The innermost session provider of this context (``None``: none).

@@ -225,7 +225,7 @@ class CudfPolarsEngine(Block, EngineOptions):
     #: What :meth:`session` builds. The block is configuration, below the session in the
     #: import order, so :mod:`prefect_cudf_polars.blocks.session` sets this when it is
     #: imported (``import prefect_cudf_polars.blocks`` does).
-    session_type: ClassVar[Callable[[CudfPolarsEngine], SessionProvider] | None] = None
+    session_type: ClassVar[Callable[[CudfPolarsEngine], SessionProvider]]
 
     @model_validator(mode="before")
     @classmethod
@@ -365,8 +365,6 @@ class CudfPolarsEngine(Block, EngineOptions):
         SessionError
             On entry, when a session is already active in this flow run.
         """
-        if self.session_type is None:
-            raise RuntimeError("Import prefect_cudf_polars.blocks (or prefect_cudf_polars) to open engine sessions.")
         return self.session_type(self)
 
 
