@@ -123,26 +123,24 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         NoGPUError, Exception
             Whatever opening the engine raised; every later call raises the same error.
         """
-        session = self.session
-        if session is None or self._open_error is not None:
-            with self._open_lock:
-                if self._open_error is not None:
-                    raise self._open_error
-                if self.session is None:
-                    if self._token is None:
-                        raise SessionError("This CudfPolarsTaskRunner is not running a flow run; GPU tasks find "
-                                           "their session inside the flow run that uses the runner.")
-                    try:
-                        block = load_engine_block(self.engine) if isinstance(self.engine, str) else self.engine
-                        parent = self._parent.provided_session if self._parent is not None else None
-                        self.session = EngineSession(block).open(activate=False, parent=parent)
-                    except Exception as exc:  # an interruption (a task's timeout) is not kept: the next call tries again
-                        self._open_error = exc
-                        raise
-                    except BaseException:
-                        self._interrupted = True
-                        raise
-                session = self.session
+        with self._open_lock:
+            if self._open_error is not None:
+                raise self._open_error
+            if self.session is None:
+                if self._token is None:
+                    raise SessionError("This CudfPolarsTaskRunner is not running a flow run; GPU tasks find "
+                                       "their session inside the flow run that uses the runner.")
+                try:
+                    block = load_engine_block(self.engine) if isinstance(self.engine, str) else self.engine
+                    parent = self._parent.provided_session if self._parent is not None else None
+                    self.session = EngineSession(block).open(activate=False, parent=parent)
+                except Exception as exc:  # an interruption (a task's timeout) is not kept: the next call tries again
+                    self._open_error = exc
+                    raise
+                except BaseException:
+                    self._interrupted = True
+                    raise
+            session = self.session
         if session.closed:
             raise SessionError(session.ended_message())
         session.announce()
