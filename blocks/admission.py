@@ -46,6 +46,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from uuid import UUID
 
+import httpx
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import (
     ADMISSION_NEEDS_LIMIT, CHECK_PREFECT_API, NOTHING_STARTED, SET_ADMISSION_LIMIT, AdmissionError)
@@ -173,9 +176,7 @@ def _limit_is_active(name: str, slots: int) -> bool:
         No limit of that name, fewer slots in it than ``slots``, slots that
         decay (a rate limit), or the Prefect API could not be asked.
     """
-    import httpx
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     try:
         with get_client(sync_client=True) as client:
@@ -229,11 +230,9 @@ def _occupy(held: ExitStack, name: str, slots: int, timeout: float, flow_run_id:
         Prefect could not occupy the slots, not within ``timeout`` seconds, or
         ``wanted()`` answered ``False`` first.
     """
-    import httpx
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
     from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import PrefectHTTPStatusError
 
     holder = ConcurrencyLeaseHolder(type="flow_run", id=flow_run_id) if flow_run_id is not None else None
     started = time.monotonic()
