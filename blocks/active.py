@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextvars
 import threading
-import time
 from typing import Any, Protocol
 
 from prefect_cudf_polars.blocks.errors import NO_SESSION_MESSAGE, NoEngineSessionError
@@ -109,11 +108,9 @@ class ServedRuns:
 
     def wait(self, timeout: float) -> int:
         """Wait until none is left, at most ``timeout`` seconds; returns how many were still running (0: none)."""
-        deadline = time.monotonic() + timeout
         with self._changed:
             self._closed = True
-            while self._pending and (left := deadline - time.monotonic()) > 0:
-                self._changed.wait(left)
+            self._changed.wait_for(lambda: not self._pending, timeout)
             still, self._pending = len(self._pending), set()
             return still
 
