@@ -177,8 +177,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         if self._flow_run is not None:
             from prefect.logging.loggers import flow_run_logger
 
-            flow_run, flow = self._flow_run
-            flow_run_logger(flow_run=flow_run, flow=flow).info(line)
+            flow_run_logger(*self._flow_run).info(line)  # (flow_run, flow)
         else:
             logger.info(line, extra={"send_to_api": False})
 
