@@ -37,12 +37,11 @@ Bounds (Prefect 3.9.1)
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -95,7 +94,7 @@ def slots_for(limit_bytes: int) -> int:
     return max(1, math.ceil(limit_bytes / GIB))
 
 
-@contextlib.contextmanager
+@contextmanager
 def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, gpus: int = 1,
              flow_run_id: UUID | None = None, wanted: Callable[[], bool] | None = None) -> Iterator[Admission]:
     """
