@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextvars
 import threading
-import time
 from typing import Any, Protocol
 
 from prefect_cudf_polars.blocks.errors import NO_SESSION_MESSAGE, NoEngineSessionError
@@ -31,15 +30,12 @@ class SessionProvider(Protocol):
     @property
     def provided_session(self) -> Any:
         """The provider's session while it is open, else ``None`` (never opens one)."""
-        ...
 
     def provide_session(self) -> Any:
         """The provider's open session, opening it at first use (see ``get_engine_session``)."""
-        ...
 
     def serve(self, future: Any) -> None:
         """Keep the session open for the task run of ``future`` (a Prefect future)."""
-        ...
 
 
 #: The innermost session provider of this context (``None``: none).
@@ -112,11 +108,9 @@ class ServedRuns:
 
     def wait(self, timeout: float) -> int:
         """Wait until none is left, at most ``timeout`` seconds; returns how many were still running (0: none)."""
-        deadline = time.monotonic() + timeout
         with self._changed:
             self._closed = True
-            while self._pending and (left := deadline - time.monotonic()) > 0:
-                self._changed.wait(left)
+            self._changed.wait_for(lambda: not self._pending, timeout)
             still, self._pending = len(self._pending), set()
             return still
 

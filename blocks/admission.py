@@ -37,21 +37,21 @@ Bounds (Prefect 3.9.1)
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from uuid import UUID
 
+import httpx
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
+
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import (
     ADMISSION_NEEDS_LIMIT, CHECK_PREFECT_API, NOTHING_STARTED, SET_ADMISSION_LIMIT, AdmissionError)
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 #: Bytes per admission slot: one slot is one GiB of device memory.
 GIB = 2**30
@@ -94,7 +94,7 @@ def slots_for(limit_bytes: int) -> int:
     return max(1, math.ceil(limit_bytes / GIB))
 
 
-@contextlib.contextmanager
+@contextmanager
 def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, gpus: int = 1,
              flow_run_id: UUID | None = None, wanted: Callable[[], bool] | None = None) -> Iterator[Admission]:
     """
@@ -175,9 +175,7 @@ def _limit_is_active(name: str, slots: int) -> bool:
         No limit of that name, fewer slots in it than ``slots``, slots that
         decay (a rate limit), or the Prefect API could not be asked.
     """
-    import httpx
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
     try:
         with get_client(sync_client=True) as client:
@@ -231,11 +229,9 @@ def _occupy(held: ExitStack, name: str, slots: int, timeout: float, flow_run_id:
         Prefect could not occupy the slots, not within ``timeout`` seconds, or
         ``wanted()`` answered ``False`` first.
     """
-    import httpx
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
     from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import PrefectHTTPStatusError
 
     holder = ConcurrencyLeaseHolder(type="flow_run", id=flow_run_id) if flow_run_id is not None else None
     started = time.monotonic()

@@ -14,18 +14,17 @@ import difflib
 import inspect
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from prefect_cudf_polars.blocks.active import SessionProvider
 from prefect_cudf_polars.blocks.engine_options import (
     NAMED_EXECUTOR_KEYS, RESERVED_EXECUTOR_KEYS, EngineOptions, streaming_executor_fields)
 from prefect_cudf_polars.blocks.errors import (
     ADMISSION_NEEDS_LIMIT, LIMIT_NAME_RULE, MEMORY_AMOUNT_RULE, SAVE_ENGINE, BlockNotFoundError, invalid_fields)
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.active import SessionProvider
 
 Backend = Literal["auto", "spmd", "dask", "ray", "cpu"]
 
@@ -226,7 +225,7 @@ class CudfPolarsEngine(Block, EngineOptions):
     #: What :meth:`session` builds. The block is configuration, below the session in the
     #: import order, so :mod:`prefect_cudf_polars.blocks.session` sets this when it is
     #: imported (``import prefect_cudf_polars.blocks`` does).
-    session_type: ClassVar[Callable[[CudfPolarsEngine], SessionProvider] | None] = None
+    session_type: ClassVar[Callable[[CudfPolarsEngine], SessionProvider]]
 
     @model_validator(mode="before")
     @classmethod
@@ -248,24 +247,21 @@ class CudfPolarsEngine(Block, EngineOptions):
         of = {"spill_device_limit": "GPU memory", "host_spill_limit": "the host memory per GPU"}.get(
             info.field_name, "the GPU's memory (on the cpu backend, the machine's)")
         allowed = MEMORY_AMOUNT_RULE.format(of=of)
-        amount = None  # a number of bytes
         if isinstance(value, str) and re.match(MEMORY_AMOUNT_PATTERN, value.strip()):
             value = value.strip()
-            if value.endswith("%"):
-                return value
-            amount = int(value)
+            amount = None if value.endswith("%") else int(value)  # a number of bytes, or a percentage
         elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
             amount = value
-        if amount is not None:
-            if amount >= MIN_LIMIT_BYTES:
-                return value
-            share = f'for {amount} % of {of} write "{amount}%"' if amount <= 100 else 'or write a percentage ("80%")'
-            raise ValueError(f"{info.field_name}={value!r} is {amount} bytes, too few for a memory limit: give at least "
-                             f"1 MiB ({MIN_LIMIT_BYTES:_} bytes), {share}")
-        if isinstance(value, float):
+        elif isinstance(value, float):
             hint = f' (for a fraction of {of} write a percentage: "{value * 100:g}%")' if 0 < value <= 1 else ""
             raise ValueError(f"{info.field_name}={value!r} is a float, not {allowed}{hint}")
-        raise ValueError(f"{info.field_name}={value!r} is not {allowed}")
+        else:
+            raise ValueError(f"{info.field_name}={value!r} is not {allowed}")
+        if amount is None or amount >= MIN_LIMIT_BYTES:
+            return value
+        share = f'for {amount} % of {of} write "{amount}%"' if amount <= 100 else 'or write a percentage ("80%")'
+        raise ValueError(f"{info.field_name}={value!r} is {amount} bytes, too few for a memory limit: give at least "
+                         f"1 MiB ({MIN_LIMIT_BYTES:_} bytes), {share}")
 
     @field_validator("admission_limit", mode="plain",
                      json_schema_input_type=Annotated[str, Field(pattern=LIMIT_NAME_PATTERN)] | None)
@@ -366,8 +362,6 @@ class CudfPolarsEngine(Block, EngineOptions):
         SessionError
             On entry, when a session is already active in this flow run.
         """
-        if self.session_type is None:
-            raise RuntimeError("Import prefect_cudf_polars.blocks (or prefect_cudf_polars) to open engine sessions.")
         return self.session_type(self)
 
 

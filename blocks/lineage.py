@@ -106,17 +106,15 @@ class Lineage:
             return f"its lineage is deeper than {MAX_LINEAGE_DEPTH} steps (at {self.label})"
         found: list[Any] = []
         visit_collection((self.args, self.kwargs), found.append, return_data=False)
-        inputs = [v for v in found if isinstance(v, (GPUResult, pl.LazyFrame))]
-        for value in inputs:
-            if isinstance(value, pl.LazyFrame):
-                if reads_in_process_source(value):
-                    return (f"the query given to {self.label} reads an in-process source (a GPUResult's .lazy() "
-                            "frame built outside a GPU task) whose data was moved out when it was read, and "
-                            "prefect-cudf-polars cannot tell which result it was. Pass the GPUResult itself to a "
-                            "gpu_task (or to execute) so its lineage is recorded")
-            elif value.lineage is None:
+        for value in found:
+            if isinstance(value, pl.LazyFrame) and reads_in_process_source(value):
+                return (f"the query given to {self.label} reads an in-process source (a GPUResult's .lazy() "
+                        "frame built outside a GPU task) whose data was moved out when it was read, and "
+                        "prefect-cudf-polars cannot tell which result it was. Pass the GPUResult itself to a "
+                        "gpu_task (or to execute) so its lineage is recorded")
+            if isinstance(value, GPUResult) and value.lineage is None:
                 return f"its input {value.name!r} (id {value.id}) has no recorded lineage (at {self.label})"
-            elif (reason := value.lineage.unreplayable_reason(_depth + 1)) is not None:
+            if isinstance(value, GPUResult) and (reason := value.lineage.unreplayable_reason(_depth + 1)) is not None:
                 return reason
         return None
 

@@ -16,13 +16,11 @@ Within one flow run, sessions do not nest.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import SHARE_PARENT_SESSION, SessionError
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 _SUBFLOWS = (" A subflow with its own CudfPolarsTaskRunner gets a session of its own: with the same engine block it "
              "shares this engine; another block works there only where at most one of the two needs a GPU (a `cpu` "
@@ -33,46 +31,6 @@ RUNNER_HERE = ("This flow run already has an engine session: its CudfPolarsTaskR
 SESSION_HERE = ("An engine session ({backend}, id {id}) is already open here (`with block.session():`), and sessions "
                 "do not nest within one flow run. Use the open one (prefect_cudf_polars.blocks.get_engine_session()), "
                 "or close it before opening another." + _SUBFLOWS)
-
-
-def shares_engine(block: CudfPolarsEngine, parent: CudfPolarsEngine, parent_backend: str | None, *, runs: tuple[str, str]) -> bool:
-    """
-    Whether a session of ``block`` runs on the engine of an enclosing session of ``parent``.
-
-    Parameters
-    ----------
-    block, parent : CudfPolarsEngine
-        The new session's block and the enclosing session's.
-    parent_backend : str or None
-        The enclosing session's backend.
-    runs : (str, str)
-        The new session's run and the enclosing one's, with the enclosing
-        session's backend and id, for the message.
-
-    Returns
-    -------
-    bool
-        True for blocks with the same fields; False where one of the two runs on ``cpu``.
-
-    Raises
-    ------
-    SessionError
-        Both need a GPU engine and the blocks differ.
-    NoGPUError
-        ``block`` asks for a GPU backend and none is usable here.
-    """
-    mine, theirs = block.model_dump(), parent.model_dump()
-    if type(block) is type(parent) and mine == theirs:
-        return True
-    if parent_backend == "cpu" or resolve_backend(block)[0] == "cpu":
-        return False
-    changed = ", ".join(f"{k}={v!r}" for k, v in mine.items() if theirs.get(k) != v)
-    raise SessionError(
-        f"{runs[0]} asks for a second cudf-polars engine ({changed}) while {runs[1]} holds one on the same "
-        "GPU(s) of this process. Two cudf-polars engines in one process do not share a GPU: each sets rmm's "
-        "process-wide device memory resource, and each spill limit counts only its own memory. Give the "
-        "subflow's CudfPolarsTaskRunner the parent's engine block to run on the parent's engine (with its "
-        f"own results and teardown), or {SHARE_PARENT_SESSION}.")
 
 
 class NestedSession(Protocol):
@@ -106,10 +64,16 @@ def shared_host(session: NestedSession, outer: Any, parent: NestedSession | None
     ------
     SessionError
         This flow run already has a session (``outer`` is its task runner, or
-        an open session of the same flow run), or both need a GPU engine and
-        the blocks differ (:func:`shares_engine`).
+        an open session of the same flow run), or the enclosing session's
+        block differs from ``session``'s and both need a GPU engine.
     NoGPUError
         ``session``'s block asks for a GPU backend and none is usable here.
+
+    Notes
+    -----
+    ``session`` runs on the enclosing session's engine when the two blocks
+    hold the same fields, and starts its own where one of the two runs on
+    ``cpu``.
     """
     if outer is not None:
         if flow_run is not None and flow_run.task_runner is outer:
@@ -119,5 +83,16 @@ def shared_host(session: NestedSession, outer: Any, parent: NestedSession | None
             raise SessionError(SESSION_HERE.format(backend=parent.backend, id=parent.id))
     if parent is None or parent.closed:
         return None
-    runs = (session.served_run or "this session", f"{parent.served_run or 'its parent'} ({parent.backend}, session {parent.id})")
-    return parent if shares_engine(session.block, parent.block, parent.backend, runs=runs) else None
+    mine, theirs = session.block.model_dump(), parent.block.model_dump()
+    if type(session.block) is type(parent.block) and mine == theirs:
+        return parent
+    if parent.backend == "cpu" or resolve_backend(session.block)[0] == "cpu":
+        return None
+    changed = ", ".join(f"{k}={v!r}" for k, v in mine.items() if theirs.get(k) != v)
+    raise SessionError(
+        f"{session.served_run or 'this session'} asks for a second cudf-polars engine ({changed}) while "
+        f"{parent.served_run or 'its parent'} ({parent.backend}, session {parent.id}) holds one on the same "
+        "GPU(s) of this process. Two cudf-polars engines in one process do not share a GPU: each sets rmm's "
+        "process-wide device memory resource, and each spill limit counts only its own memory. Give the "
+        "subflow's CudfPolarsTaskRunner the parent's engine block to run on the parent's engine (with its "
+        f"own results and teardown), or {SHARE_PARENT_SESSION}.")

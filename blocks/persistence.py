@@ -34,8 +34,11 @@ from __future__ import annotations
 
 import inspect
 import threading
+import traceback
 from collections import OrderedDict
 from typing import Any, NoReturn
+
+from prefect.context import TaskRunContext
 
 from prefect_cudf_polars.blocks.errors import KEEP_ON_HOST, NOT_PERSISTED, HostPersistenceError
 
@@ -66,11 +69,7 @@ def computing_cache_key() -> bool:
     """
     from prefect.utilities.hashing import hash_objects
 
-    code = hash_objects.__code__
-    frame = inspect.currentframe()
-    while frame is not None and frame.f_code is not code:
-        frame = frame.f_back
-    return frame is not None
+    return any(frame.f_code is hash_objects.__code__ for frame, _ in traceback.walk_stack(inspect.currentframe()))
 
 
 def warn_once_in_task_run(message: str, *args: Any) -> bool:
@@ -88,7 +87,6 @@ def warn_once_in_task_run(message: str, *args: Any) -> bool:
         True when the warning was logged; False outside a task run or when the
         run was warned before.
     """
-    from prefect.context import TaskRunContext
     from prefect.logging import get_run_logger
 
     ctx = TaskRunContext.get()
@@ -121,8 +119,6 @@ def refuse_host_persistence(result: Any) -> NoReturn:
     HostPersistenceError
         Always.
     """
-    from prefect.context import TaskRunContext
-
     if not computing_cache_key():
         ctx = TaskRunContext.get()
         run = ctx.task_run.name if ctx is not None and ctx.task_run is not None else None

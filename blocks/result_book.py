@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends.plans import cache_uses
 from prefect_cudf_polars.blocks.memory import HostCopy
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.results import GPUResult
+from prefect_cudf_polars.blocks.results import GPUResult
 
 
 class ResultBook:

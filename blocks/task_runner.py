@@ -123,26 +123,24 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         NoGPUError, Exception
             Whatever opening the engine raised; every later call raises the same error.
         """
-        session = self.session
-        if session is None or self._open_error is not None:
-            with self._open_lock:
-                if self._open_error is not None:
-                    raise self._open_error
-                if self.session is None:
-                    if self._token is None:
-                        raise SessionError("This CudfPolarsTaskRunner is not running a flow run; GPU tasks find "
-                                           "their session inside the flow run that uses the runner.")
-                    try:
-                        block = load_engine_block(self.engine) if isinstance(self.engine, str) else self.engine
-                        parent = self._parent.provided_session if self._parent is not None else None
-                        self.session = EngineSession(block).open(activate=False, parent=parent)
-                    except Exception as exc:  # an interruption (a task's timeout) is not kept: the next call tries again
-                        self._open_error = exc
-                        raise
-                    except BaseException:
-                        self._interrupted = True
-                        raise
-                session = self.session
+        with self._open_lock:
+            if self._open_error is not None:
+                raise self._open_error
+            if self.session is None:
+                if self._token is None:
+                    raise SessionError("This CudfPolarsTaskRunner is not running a flow run; GPU tasks find "
+                                       "their session inside the flow run that uses the runner.")
+                try:
+                    block = load_engine_block(self.engine) if isinstance(self.engine, str) else self.engine
+                    parent = self._parent.provided_session if self._parent is not None else None
+                    self.session = EngineSession(block).open(activate=False, parent=parent)
+                except Exception as exc:  # an interruption (a task's timeout) is not kept: the next call tries again
+                    self._open_error = exc
+                    raise
+                except BaseException:
+                    self._interrupted = True
+                    raise
+            session = self.session
         if session.closed:
             raise SessionError(session.ended_message())
         session.announce()
@@ -179,8 +177,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         if self._flow_run is not None:
             from prefect.logging.loggers import flow_run_logger
 
-            flow_run, flow = self._flow_run
-            flow_run_logger(flow_run=flow_run, flow=flow).info(line)
+            flow_run_logger(*self._flow_run).info(line)  # (flow_run, flow)
         else:
             logger.info(line, extra={"send_to_api": False})
 

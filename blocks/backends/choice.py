@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import importlib
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends import probe
+from prefect_cudf_polars.blocks.backends.base import RunningEngine
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import SAVE_ENGINE, USE_CPU, NoGPUError
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.backends.base import RunningEngine
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 #: The module that starts each backend (imported only when that backend runs:
 #: the GPU ones import cudf-polars).

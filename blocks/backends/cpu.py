@@ -21,7 +21,7 @@ import uuid
 import weakref
 from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 from polars.io.plugins import register_io_source
@@ -29,10 +29,9 @@ from polars.io.plugins import register_io_source
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.gpu_support import GPUSupportCheck
 from prefect_cudf_polars.blocks.backends.plans import ZERO_COLUMN_MESSAGE, prepare
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import RUN_PRODUCER_AGAIN
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 #: cudf-polars 26.10's message for a second read of a persisted result (``rank_local_store``).
 CONSUMED_MESSAGE = ("A persisted query result is consumed on read and cannot be scanned more than once (for example "

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
 from prefect_cudf_polars.blocks.backends.compat import plan_visitor, with_optimizations
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import INSTALL
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 logger = logging.getLogger("prefect_cudf_polars.gpu_support")
 
@@ -48,25 +47,6 @@ REFUSAL_NOTE = ("\nRefused on the cpu backend before anything ran: cudf-polars {
                 "engines do, and they would refuse it. Rewrite the step it names with operations cudf-polars runs on "
                 "the GPU. Only `collect` can fall back: raise_on_fail=False on the engine block lets polars' CPU engine "
                 "run such a collect on every backend, while `execute` and GPU tasks always refuse it.")
-
-
-def check_engine(block: CudfPolarsEngine) -> pl.GPUEngine:
-    """
-    The ``polars.GPUEngine`` configuration the check translates with.
-
-    Parameters
-    ----------
-    block : CudfPolarsEngine
-        Its named executor options and ``executor_options``, as a GPU session passes them.
-
-    Returns
-    -------
-    polars.GPUEngine
-        ``raise_on_fail=True``, the streaming executor, and a nominal
-        ``min_device_size`` unless the block sets one.
-    """
-    options: dict[str, Any] = {"min_device_size": NOMINAL_DEVICE_BYTES, **block.executor_settings()}
-    return pl.GPUEngine(raise_on_fail=True, executor="streaming", executor_options=options)
 
 
 @dataclasses.dataclass
@@ -90,11 +70,6 @@ class GPUSupportCheck:
     translator: Any = None
     engine: pl.GPUEngine | None = None
     _warned: bool = False
-
-    @property
-    def checked(self) -> bool:
-        """Whether plans are checked."""
-        return self.translator is not None
 
     @classmethod
     def open(cls, block: CudfPolarsEngine) -> GPUSupportCheck:
@@ -124,7 +99,9 @@ class GPUSupportCheck:
                        "to refuse on the CPU what the GPU would refuse")
         version = cudf_polars.__version__
         try:
-            engine = check_engine(block)
+            # The streaming executor with the block's options, and a nominal GPU memory size unless the block sets one.
+            options = {"min_device_size": NOMINAL_DEVICE_BYTES, **block.executor_settings()}
+            engine = pl.GPUEngine(raise_on_fail=True, executor="streaming", executor_options=options)
             trial = pl.LazyFrame({"a": [1]}).select(pl.col("a") + 1)
             Translator(plan_visitor(trial), engine).translate_ir()
         except Exception as exc:
@@ -151,7 +128,7 @@ class GPUSupportCheck:
             what to do. Nothing has run. A plan the check itself cannot
             translate runs unchecked, with a warning logged once per session.
         """
-        if not self.checked:
+        if self.translator is None:  # nothing is checked
             return
         try:
             # cudf-polars 26.10 reads the plan as engine.execute does: Translator(lf._ldf.visit(), engine).

@@ -35,12 +35,10 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import DASK_WORKERS, INSTALL, LOCAL_CLUSTER, NoGPUError
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 
 class DaskClusterError(RuntimeError):

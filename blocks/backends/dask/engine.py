@@ -22,16 +22,13 @@ created first: the lease is dropped, the engine shut down, then our client
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.dask import lease
 from prefect_cudf_polars.blocks.backends.dask.cluster import DaskClusterError, connect
 from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine, limited_engine_kwargs
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import LOCAL_CLUSTER
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 
 class DaskLeaseError(DaskClusterError):

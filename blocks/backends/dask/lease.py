@@ -117,7 +117,7 @@ class WorkerStateLease(SchedulerPlugin):
                 scheduler.remove_plugin(self.name)
 
 
-def hold(client: Any, cleanup: Callable[..., Any], name: str) -> str:
+def hold(client: Any, cleanup: Callable[..., Any], name: str) -> None:
     """
     Register a :class:`WorkerStateLease` for ``client`` on its scheduler.
 
@@ -128,15 +128,9 @@ def hold(client: Any, cleanup: Callable[..., Any], name: str) -> str:
     cleanup
         Callable to run on every worker (see :class:`WorkerStateLease`).
     name
-        Plugin name, unique per lease (e.g. ``prefect-cudf-polars-lease-{uid}``).
-
-    Returns
-    -------
-    str
-        ``name``, for :func:`release`.
+        Plugin name, unique per lease (e.g. ``prefect-cudf-polars-lease-{uid}``), for :func:`release`.
     """
     client.register_plugin(WorkerStateLease(client.id, cleanup, name), name=name)
-    return name
 
 
 def release(client: Any, name: str) -> None:

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import importlib.util
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends.compat import disable_ray_failure_signal_handler, reload_ray_auth_token
 from prefect_cudf_polars.blocks.backends.ray.connect import explain_connect_failure
 from prefect_cudf_polars.blocks.backends.ray.head import start_local_head
 from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine, limited_engine_kwargs
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import INSTALL, NoGPUError
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 
 def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -> StreamingRunningEngine:

@@ -25,10 +25,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def _session_of(pid: str) -> int | None:
-    """The session id of process ``pid`` (Linux ``/proc``), or ``None`` once it has ended."""
+    """The session id of process ``pid`` (``os.getsid``), or ``None`` once it has ended."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[3])  # after the name: state, ppid, pgrp, session
+        return os.getsid(int(pid))
     except OSError:
         return None
 
