@@ -80,3 +80,4 @@ def _serve(sends: queue.SimpleQueue[tuple[contextvars.Context, Callable[[], None
                 context.run(send)
             except Exception as exc:  # a send must not stop the queue
                 logger.warning("Could not send a cudf-polars event or log line: %s", exc)
+        del batch, context, send  # what the sends hold (a session) is not kept until the next batch
