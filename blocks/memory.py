@@ -4,8 +4,8 @@ Held memory: one ledger per engine host, per rank, of the results held on the en
 With the block's ``device_memory_limit`` the engine's memory resource is
 capped on every rank (on ``cpu``, the host store counts the same way). A
 result's partitions stay in the engine's memory between tasks, and cudf-polars
-26.10 keeps them in its rank-local store, outside rapidsmpf's spill manager:
-what a flow run holds never spills by itself. The engine host keeps one
+26.10 keeps them in its rank-local store, outside the buffers rapidsmpf's spill
+manager spills: they move only as the ledger moves them. The engine host keeps one
 :class:`MemoryLedger` of every held result of every session on it (a flow run,
 and the subflows that share its block), and before each engine call keeps the
 unread results the call does not read within the *held budget* of each rank::
@@ -39,9 +39,10 @@ time, so each call sees every result the calls before it produced, whichever
 session made them. With ``spill_results="host"`` a running query that needs
 more than that room asks for it too: an allocation that would pass the limit
 (on ``spmd``, through the engine's memory resource,
-:mod:`~prefect_cudf_polars.blocks.memory_demand`; on ``cpu``, a result the
-store cannot take) first moves unread results the call does not read out
-(:meth:`MemoryLedger.on_demand`).
+:mod:`~prefect_cudf_polars.blocks.memory_demand`, and rapidsmpf's spill
+manager at a reservation past ``spill_device_limit``; on ``cpu``, a result
+the store cannot take) first moves unread results the call does not read
+out (:meth:`MemoryLedger.on_demand`).
 """
 
 from __future__ import annotations
@@ -308,16 +309,16 @@ class MemoryLedger:
         room = self.host_limit - self.host_held(results)
         return movable, [r for r in movable if (r.bytes or 0) <= room]
 
-    def on_demand(self, nbytes: int, running: RunningEngine) -> bool:
+    def on_demand(self, nbytes: int, running: RunningEngine) -> int:
         """
         The ``running`` engine needs room for ``nbytes`` bytes while a query runs (on the thread that allocates;
         on ``spmd`` the allocation that would pass the limit, on ``cpu`` the bytes past it): with ``spill="host"``,
         move unread results the running call does not read to host memory, least recently produced first, until
-        as many bytes left the engine. Whether anything did (the engine then tries again; else its allocation
-        fails as out of memory). A failure to move is logged, never raised; the result stays readable.
+        as many bytes left the engine. Returns the bytes that did (any: the engine tries again; none: its
+        allocation fails as out of memory). A failure to move is logged, never raised; the result stays readable.
         """
         if self.limit is None or self.spill != "host" or nbytes > self.limit or getattr(_moving, "now", False):
-            return False  # an allocation past the limit never fits; a move's own allocations do not ask again
+            return 0  # an allocation past the limit never fits; a move's own allocations do not ask again
         freed, result = 0, None
         with self._demand_lock:  # one thread moves at a time: each counts its own moves against the room left
             try:
@@ -332,7 +333,7 @@ class MemoryLedger:
                 logger.warning("cudf-polars could not move held result %r to host memory for a running query, "
                                "which may run out of device memory: %s: %s", getattr(result, "name", None),
                                type(exc).__name__, exc)
-        return freed > 0
+        return freed
 
     def host_held(self, results: Iterable[GPUResult] | None = None) -> int:
         """Bytes the results moved out of the engine hold in host memory (of ``results``; default: all held)."""

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
-#: Key -> what answers "free this many bytes" (True: something was freed, try again).
-_ASKERS: dict[str, Callable[[int], bool]] = {}
+#: Key -> what answers "free this many bytes" with the bytes it freed (any: try again).
+_ASKERS: dict[str, Callable[[int], int]] = {}
 
 
 def resource_config(upstream: dict[str, Any], key: str) -> dict[str, Any]:
@@ -50,10 +50,10 @@ def failure_callback_resource(upstream_mr: Any, key: str) -> Any:
 def ask(key: str, nbytes: int) -> bool:
     """An allocation of ``nbytes`` bytes failed: whether ``key``'s listener freed something (then rmm tries again)."""
     listener = _ASKERS.get(key)
-    return listener is not None and listener(nbytes)
+    return listener is not None and listener(nbytes) > 0
 
 
-def listen(listener: Callable[[int], bool], stack: ExitStack) -> str:
+def listen(listener: Callable[[int], int], stack: ExitStack) -> str:
     """Answer the asks of a resource built with the returned key by ``listener`` until ``stack`` closes."""
     key = uuid.uuid4().hex
     _ASKERS[key] = listener

@@ -90,12 +90,12 @@ class RunningEngine(abc.ABC):
     #: ``device_memory_limit`` in bytes, which the engine is held to (``None``: the whole device).
     memory_limit: int | None = None
     #: What the engine asks for room when a query's allocation would pass :attr:`memory_limit`, on the thread that
-    #: allocates: ``room_wanted(nbytes, running)``, whether it freed something (``None``: nothing to ask).
-    room_wanted: Callable[[int, RunningEngine], bool] | None = None
+    #: allocates: ``room_wanted(nbytes, running)``, the bytes it freed (``None``: nothing to ask).
+    room_wanted: Callable[[int, RunningEngine], int] | None = None
 
-    def ask_room(self, nbytes: int) -> bool:
-        """Whether :attr:`room_wanted` freed something for ``nbytes`` more bytes (on any thread; False without it)."""
-        return self.room_wanted is not None and self.room_wanted(nbytes, self)
+    def ask_room(self, nbytes: int) -> int:
+        """The bytes :attr:`room_wanted` freed for ``nbytes`` more bytes (on any thread; 0 without it)."""
+        return 0 if self.room_wanted is None else self.room_wanted(nbytes, self)
 
     @abc.abstractmethod
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> PersistedResult:

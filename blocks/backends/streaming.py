@@ -62,6 +62,8 @@ PACK_VIA_DEVICE = False
 PINNED_ALIGNMENT = 256
 #: The pinned pool's first size (bytes); it grows in steps as moves need.
 PINNED_FIRST = 2**30
+#: rapidsmpf runs a higher priority's spill function first; cudf-polars 26.10 registers a query's buffers at 0.
+HELD_RESULTS_SPILL_PRIORITY = 1
 
 
 class StreamingPersistedResult:
@@ -234,10 +236,17 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
 
     With a ``limit`` and ``spill_results="host"``, an allocation that would pass the limit asks the running
     engine's :attr:`~prefect_cudf_polars.blocks.backends.base.RunningEngine.room_wanted` for room first
-    (:mod:`~prefect_cudf_polars.blocks.memory_demand`).
+    (:mod:`~prefect_cudf_polars.blocks.memory_demand`), and so does rapidsmpf's spill manager when a reservation
+    passes ``spill_device_limit``, before it spills the running query's own buffers (rapidsmpf 26.10's
+    ``engine.context.br().spill_manager.add_spill_function``).
     """
     from cudf_polars.engine.spmd import SPMDEngine
 
     running = StreamingRunningEngine("spmd", stack, limit)
     demand = listen(running.ask_room, stack) if limit is not None and block.spill_results == "host" else None
-    return running.enter(SPMDEngine(**limited_engine_kwargs(block, limit, demand)), stack)
+    running.enter(SPMDEngine(**limited_engine_kwargs(block, limit, demand)), stack)
+    if demand is not None:  # rapidsmpf's reservations ask too, held results before a query's own buffers
+        spill_manager = running.engine.context.br().spill_manager
+        stack.callback(spill_manager.remove_spill_function,
+                       spill_manager.add_spill_function(running.ask_room, HELD_RESULTS_SPILL_PRIORITY))
+    return running
