@@ -172,6 +172,27 @@ def test_a_query_whose_result_does_not_fit_beside_the_held_results_gets_room_on_
     assert held_partitions() == 0
 
 
+def test_a_query_host_memory_cannot_make_room_for_fails_as_out_of_memory_and_the_held_results_stay_readable():
+    """On demand, a move goes only where host_spill_limit leaves room: with none, nothing moves and the result
+    that does not fit fails as out of memory."""
+    big = pl.LazyFrame({"k": range(2 * ROWS), "v": [1.0] * (2 * ROWS)})  # 3,200,000 bytes
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="cpu", device_memory_limit=LIMIT,
+                                                            spill_results="host", host_spill_limit=1_100_000)))
+    def pipeline():
+        held = [execute(table(i), name=f"table-{i}") for i in range(2)]
+        with pytest.raises(DeviceMemoryError, match=r"(?s)ran out of device memory.*6,400,000 bytes of "
+                           r"device_memory_limit=6,000,000"):
+            execute(big, name="big")
+        return [collect(r) for r in held], get_engine_session().summary()["held"]["spills"]
+
+    tables, spills = pipeline()
+    for i, got in enumerate(tables):
+        assert_frame_equal(got, table(i).collect())
+    assert spills["results"] == spills["on_demand"] == 0
+    assert held_partitions() == 0
+
+
 def test_concurrent_readers_under_spill_host_each_move_a_result_once_and_equal_polars():
     """Twelve tables loaded, most moved to host memory; six readers of two at once: every move counted once."""
 
