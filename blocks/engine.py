@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_for_futures
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -161,9 +161,10 @@ class EngineHost:
 
     def _start(self, backend: str, block: CudfPolarsEngine, log: Log, flow_run_id: Any) -> None:
         limit = block.memory_limit_bytes(memory_total(backend))
+        # The slots are wanted while the caller waits for the start: until it stopped waiting and shut the host down.
         self.admission = self._stack.enter_context(admitted(
-            block, limit, log, gpus=gpus_used(backend, block), flow_run_id=flow_run_id, wanted=self._wanted))
-        if not self._wanted():
+            block, limit, log, gpus=gpus_used(backend, block), flow_run_id=flow_run_id, wanted=lambda: self._accepting))
+        if not self._accepting:
             raise SessionError(self._ended())
         self._stack.callback(self._drop_engine)  # after the engine's own exits, before the slots are given back
         started = time.perf_counter()
@@ -174,11 +175,6 @@ class EngineHost:
                           block.host_spill_limit_bytes(host_memory_per_gpu(backend)))
         self.running.room_wanted = self.ledger.on_demand  # a query past the limit asks the ledger for room
         self.at_start = self.running.read()
-
-    def _wanted(self) -> bool:
-        """Whether the caller still waits for the start: ``False`` once it stopped waiting and shut the host down."""
-        with self._lock:
-            return self._accepting
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not _STOP:
@@ -293,11 +289,10 @@ class EngineHost:
         if threading.current_thread() is self.thread:
             fn(*args)
             return True
-        try:
+        with contextlib.suppress(SessionError):
             self.submit(fn, *args)
-        except SessionError:
-            return False
-        return True
+            return True
+        return False
 
     @property
     def engine(self) -> RunningEngine:
@@ -396,10 +391,7 @@ def call_environment(running: RunningEngine, env: Mapping[str, str | None] | Non
 
 def _ended_within(future: Future[Any], timeout: float | None) -> bool:
     """Whether ``future`` ended within ``timeout`` seconds (re-raising what it raised)."""
-    try:
-        future.result(timeout=timeout)
-    except FutureTimeout:
-        if not future.done():
-            return False
-        future.result()  # the call itself raised TimeoutError
+    if not wait_for_futures([future], timeout).done:
+        return False
+    future.result()
     return True
