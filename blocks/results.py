@@ -65,7 +65,6 @@ class Replayable(Protocol):
 
     def unreplayable_reason(self) -> str | None:
         """Why the lineage cannot be run again, or ``None`` when it can."""
-        ...
 
 
 class GPUResult:
