@@ -243,7 +243,7 @@ class EngineCalls:
                          "and checks its plan before the task that reads it runs it.")
             raise
         held = tuple(r for r in inputs if r.claimed_in(run))
-        own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
+        own = step or FusedStep(name, run.name, run.task_run_id)
         result = GPUResult(HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
                            lineage=lineage or Lineage.of_query(lf, deferred=True))
         self._telemetry.result_created(self._admit(result), plans[0], None, plans[1])
