@@ -26,33 +26,26 @@ class ResultOwner(Protocol):
     @property
     def closed(self) -> bool:
         """Whether the session has ended."""
-        ...
 
     @property
     def served_run(self) -> str | None:
         """``"flow run 'name'"`` or ``"subflow run 'name'"``, once known."""
-        ...
 
     @property
     def subflow(self) -> bool:
         """Whether the run it serves is a subflow run."""
-        ...
 
     def reader_here(self) -> ResultOwner | None:
         """The session that would read a result here (the one active in this context), if any."""
-        ...
 
     def claimed(self, result: Any) -> None:
         """``result`` was claimed by its reader."""
-        ...
 
     def released(self, result: Any) -> None:
         """``result`` was released before anyone read it."""
-        ...
 
     def free(self, persisted: PersistedResult) -> None:
         """Free ``persisted`` on the engine's owner thread while the engine runs, else let it go."""
-        ...
 
 
 class EndedSession:

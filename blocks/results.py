@@ -39,7 +39,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import polars as pl
 from prefect.cache_policies import STABLE_TRANSFORMS
@@ -58,14 +58,6 @@ if TYPE_CHECKING:
 ResultState = Literal["live", "consumed", "released"]
 
 
-class Claim(NamedTuple):
-    """The run attempt that claimed a result: its readable name, its id (outside runs, its thread's) and attempt."""
-
-    by: str
-    run_id: str
-    attempt: int
-
-
 class Replayable(Protocol):
     """What a result asks of its lineage (:class:`prefect_cudf_polars.blocks.lineage.Lineage` provides it)."""
 
@@ -73,7 +65,6 @@ class Replayable(Protocol):
 
     def unreplayable_reason(self) -> str | None:
         """Why the lineage cannot be run again, or ``None`` when it can."""
-        ...
 
 
 class GPUResult:
@@ -144,9 +135,9 @@ class GPUResult:
         self.schema, self.rows, self.bytes, self.engine_seconds = payload.schema, rows, bytes, engine_seconds
         self.rank_bytes = tuple(rank_bytes) or ((bytes,) if bytes else ())
         self.produced_by = run.name
-        self.produced_by_task_run_id = None if run.task_run_id is None else str(run.task_run_id)
+        self.produced_by_task_run_id = run.task_run_id
         self.lineage, self.cache_id = lineage, None
-        self._claim: Claim | None = None
+        self._claim: RunIdentity | None = None  # the run attempt that claimed it
         self._frame: pl.LazyFrame | None = None  # what the claiming attempt reads, until a query has read it
         self._owner = owner
         self._state: ResultState = "live"
@@ -161,7 +152,7 @@ class GPUResult:
     @property
     def consumed_by(self) -> str | None:
         """The task run or flow run whose claim consumed it (``None`` until claimed)."""
-        return None if self._claim is None else self._claim.by
+        return None if self._claim is None else self._claim.name
 
     def claimed_in(self, run: RunIdentity) -> bool:
         """Whether ``run`` claimed this result, in this attempt or an earlier one: the one rule for "consumed by this run"."""
@@ -217,7 +208,7 @@ class GPUResult:
             assert claim is not None  # a consumed result has its claim
             same_run = self.claimed_in(run)
             how = "earlier attempt" if same_run and claim.attempt != run.attempt else "same run" if same_run else "other"
-            return errors.ResultConsumedError(errors.consumed_message(what, claim.by, how), consumer=claim.by, **ids)
+            return errors.ResultConsumedError(errors.consumed_message(what, claim.name, how), consumer=claim.name, **ids)
         if reader is not None and reader.id != self.session_id:
             return errors.WrongEngineError(
                 errors.wrong_engine_message(what, self.session_id, self.backend, self._owner.served_run, reader),
@@ -302,12 +293,11 @@ class GPUResult:
         """
         run, reader = current_run(), self._owner.reader_here()
         with self._lock:
-            shared = self._frame is not None and self.claimed_in(run)  # a frame is set with its claim
-            if not hand_over and shared and self._claim.attempt == run.attempt:  # type: ignore[union-attr]
+            if not hand_over and self._frame is not None and self._claim == run:  # a frame is set with its claim
                 return self._frame  # this attempt's claim, shared by its threads
             if (refusal := self._refusal(run, reader)) is not None:
                 raise refusal
-            self._state, self._claim = "consumed", Claim(run.name, run.run_id, run.attempt)
+            self._state, self._claim = "consumed", run
             out: Any = HeldPlan(self._plan, self.schema, self._held, self.fused) if self.deferred else self._persisted
             self._plan = None  # the reader holds a deferred plan now
             if hand_over:
@@ -426,16 +416,6 @@ def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
     return tuple(step for result in claimed if result.deferred for step in result.fused)
 
 
-def claimed_by(results: Sequence[GPUResult], run: RunIdentity) -> list[GPUResult]:
-    """The ``results`` that ``run`` claimed (:meth:`GPUResult.claimed_in`)."""
-    return [r for r in results if r.claimed_in(run)]
-
-
-def stable_transform(result: GPUResult) -> dict[str, str]:
-    """What Prefect's cache keys hash for a result: its id, never its data."""
-    return {"gpu_result_id": result.id}
-
-
 # Results inside lists and dicts: Prefect hashes inputs as JSON first, and pydantic
 # serializes objects that carry a __pydantic_serializer__ with it; the same JSON form
 # refuses every other caller (see persistence.py).
@@ -443,4 +423,5 @@ GPUResult.__pydantic_serializer__ = SchemaSerializer(  # type: ignore[attr-defin
     core_schema.any_schema(serialization=core_schema.plain_serializer_function_ser_schema(cache_key_form))
 )
 
-STABLE_TRANSFORMS[GPUResult] = stable_transform
+# What Prefect's cache keys hash for a result: its id, never its data.
+STABLE_TRANSFORMS[GPUResult] = lambda result: {"gpu_result_id": result.id}

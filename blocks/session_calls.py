@@ -29,7 +29,7 @@ from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
 from prefect_cudf_polars.blocks.memory import read_by
 from prefect_cudf_polars.blocks.result_book import ResultBook
-from prefect_cudf_polars.blocks.results import GPUResult, claimed_by, fused_steps
+from prefect_cudf_polars.blocks.results import GPUResult, fused_steps
 from prefect_cudf_polars.blocks.runs import RunIdentity, current_run
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class EngineCalls:
               lineage: Lineage | None = None) -> PendingCall:
         """Queue one engine call on the owner thread: the whole of it runs there (:meth:`_on_owner`)."""
         host, run = self._check_open(), current_run()
-        claimed = claimed_by(inputs, run)
+        claimed = [r for r in inputs if r.claimed_in(run)]
         call = PendingCall(host, fused_steps(claimed), run, name or "query", self._finished, self._late)
         if kind == "execute":
             lineage = lineage or Lineage.of_query(lf, environment=environment)
@@ -195,11 +195,10 @@ class EngineCalls:
 
     def _late(self, out: tuple) -> None:
         """On the owner thread: a result that arrived after its caller stopped waiting (a timeout) is released at once."""
-        if not isinstance(result := out[0], GPUResult):
-            return
-        self._book.leave(result, "released_unconsumed")
-        self._telemetry.late_result_released(result.name, result.produced_by_task_run_id)
-        result.release()
+        if isinstance(result := out[0], GPUResult):
+            self._book.leave(result, "released_unconsumed")
+            self._telemetry.late_result_released(result.name, result.produced_by_task_run_id)
+            result.release()
 
     def defer(self, lf: pl.LazyFrame, *, name: str | None = None, lineage: Lineage | None = None,
               inputs: Sequence[GPUResult] = (), step: FusedStep | None = None) -> GPUResult:
@@ -243,8 +242,8 @@ class EngineCalls:
             exc.add_note(f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
                          "and checks its plan before the task that reads it runs it.")
             raise
-        held = tuple(claimed_by(inputs, run))
-        own = step or FusedStep(name, run.name, None if run.task_run_id is None else str(run.task_run_id))
+        held = tuple(r for r in inputs if r.claimed_in(run))
+        own = step or FusedStep(name, run.name, run.task_run_id)
         result = GPUResult(HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
                            lineage=lineage or Lineage.of_query(lf, deferred=True))
         self._telemetry.result_created(self._admit(result), plans[0], None, plans[1])

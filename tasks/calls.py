@@ -90,11 +90,10 @@ class EngineCall:
         def visit(result: GPUResult) -> GPUResult:
             if result.state == "released":
                 result.check_readable()  # raises, naming why it was released
-            session = self.session
             if replay_all or (retrying and result.claimed_in(run)):
-                self._fresh.append(replay(session, result, retry=not replay_all))
+                self._fresh.append(replay(self.session, result, retry=not replay_all))
                 return self._fresh[-1]
-            result.check_readable(session)
+            result.check_readable(self.session)
             self._inputs.append(result)
             return result
 
@@ -139,11 +138,9 @@ class EngineCall:
         polars.exceptions.PolarsError
             With ``defer``, the schema cannot be resolved.
         """
-        if defer:
-            self.result = self._on_session(self.session.defer, lf, name, name=name, lineage=lineage, step=step)
-        else:
-            self.result = self._on_session(self.session.execute, lf, name, name=name, lineage=lineage,
-                                           environment=environment)
+        options = {"step": step} if defer else {"environment": environment}
+        self.result = self._on_session(self.session.defer if defer else self.session.execute, lf, name, name=name,
+                                       lineage=lineage, **options)
         return self.result
 
     async def execute_async(self, lf: Any, *, name: str, lineage: Lineage | None = None, defer: bool = False) -> GPUResult:
