@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
-from concurrent.futures import wait as wait_for_futures
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -391,7 +391,10 @@ def call_environment(running: RunningEngine, env: Mapping[str, str | None] | Non
 
 def _ended_within(future: Future[Any], timeout: float | None) -> bool:
     """Whether ``future`` ended within ``timeout`` seconds (re-raising what it raised)."""
-    if not wait_for_futures([future], timeout).done:
-        return False
-    future.result()
+    try:
+        future.result(timeout=timeout)
+    except FutureTimeout:
+        if not future.done():  # (a cancelled future is done: result() raises CancelledError)
+            return False
+        future.result()  # the call itself raised TimeoutError
     return True

@@ -293,7 +293,8 @@ class GPUResult:
         """
         run, reader = current_run(), self._owner.reader_here()
         with self._lock:
-            if not hand_over and self._frame is not None and self._claim == run:  # a frame is set with its claim
+            if not hand_over and self._frame is not None and self.claimed_in(run) \
+                    and self._claim.attempt == run.attempt:  # a frame is set with its claim
                 return self._frame  # this attempt's claim, shared by its threads
             if (refusal := self._refusal(run, reader)) is not None:
                 raise refusal

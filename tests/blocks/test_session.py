@@ -185,6 +185,47 @@ def test_teardown_stops_waiting_for_an_engine_that_does_not_answer(orders, caplo
     assert summary["shutdown_thread"].startswith("cudf-polars-engine-owner")
 
 
+def test_a_call_queued_behind_a_stuck_engine_fails_with_session_error_at_teardown(orders, monkeypatch):
+    """The session's end stops waiting after ``teardown_timeout``; a call queued behind the stuck one is cancelled
+    then, and its caller gets ``SessionError`` at once instead of waiting for the engine."""
+    from prefect_cudf_polars.blocks.engine import EngineHost
+
+    queuing, submit = threading.Event(), EngineHost.submit
+
+    def submit_and_tell(self, *args, **kwargs):  # the caller's call is on the owner thread's queue
+        future = submit(self, *args, **kwargs)
+        if threading.current_thread().name == "queued caller":
+            queuing.set()
+        return future
+
+    monkeypatch.setattr(EngineHost, "submit", submit_and_tell)
+    block = CudfPolarsEngine(backend="cpu", teardown_timeout=1.0)
+    engine_answers = threading.Event()
+    session = block.session().__enter__()
+    holder = threading.Thread(target=session.run, args=(engine_answers.wait,))
+    holder.start()
+    failed: list[BaseException] = []
+
+    def queued_call() -> None:
+        try:
+            session.execute(pl.scan_parquet(orders), name="queued")
+        except BaseException as exc:
+            failed.append(exc)
+
+    caller = threading.Thread(target=queued_call, name="queued caller")
+    caller.start()
+    try:
+        assert queuing.wait(10)
+        assert session.close()["teardown"] == "stopped waiting after 1 s for the engine"
+        caller.join(timeout=10)
+        assert not caller.is_alive(), "the queued call's caller still waits for the engine"
+        assert len(failed) == 1 and isinstance(failed[0], SessionError), failed
+    finally:
+        engine_answers.set()
+        holder.join(timeout=30)
+        caller.join(timeout=30)
+
+
 def test_teardown_within_the_limit_is_complete(cpu_block, orders):
     with cpu_block.session() as session:
         session.execute(pl.scan_parquet(orders))
