@@ -209,7 +209,6 @@ class MemoryLedger:
         self.spill, self.limit, self.ranks, self.peak_held, self.host_limit = "off", None, 1, 0, 0
         self.spills: dict[str, Any] = {"results": 0, "bytes": 0, "out_seconds": 0.0, "back": 0, "back_bytes": 0,
                                        "back_seconds": 0.0, "routes": {}, "on_demand": 0}
-        self._reading: set[str] = set()  # the ids of the results the engine call now running reads
         self._held: dict[str, weakref.ref[GPUResult]] = {}  # in the order produced
         self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
@@ -280,7 +279,6 @@ class MemoryLedger:
         """
         if self.limit is None:
             return []
-        self._reading = set(read)
         coming = [r for r in read.values() if in_host_memory(r)]
         while True:
             results = self._results()
@@ -292,7 +290,7 @@ class MemoryLedger:
             over = over_budget(self.limit, self._by_rank(others), largest)
             if not over:
                 return coming
-            movable, fits = self._movable(results, {rank for rank, _, _ in over}, keep)
+            movable, fits = self._movable(results, {rank for rank, _, _ in over}, read, keep)
             if self.spill != "host" or not fits:
                 break
             self._move_out(fits[0], running)  # the least recently produced that host memory can take
@@ -300,11 +298,11 @@ class MemoryLedger:
             raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
         return coming
 
-    def _movable(self, results: list[GPUResult], ranks: set[int], keep: GPUResult | None = None,
-                 ) -> tuple[list[GPUResult], list[GPUResult]]:
-        """Of ``results``, the unread ones holding bytes on ``ranks`` that the running call does not read (but
-        ``keep``), least recently produced first; and of those, the ones host memory can take now."""
-        movable = [r for r in results if r.state == "live" and r.id not in self._reading and not r.deferred
+    def _movable(self, results: list[GPUResult], ranks: set[int], read: Mapping[str, GPUResult],
+                 keep: GPUResult | None = None) -> tuple[list[GPUResult], list[GPUResult]]:
+        """Of ``results``, the unread ones holding bytes on ``ranks``, neither in ``read`` (what a call reads) nor
+        ``keep``, least recently produced first; and of those, the ones host memory can take now."""
+        movable = [r for r in results if r.state == "live" and r.id not in read and not r.deferred
                    and r is not keep and any(size and rank in ranks for rank, size in enumerate(held_by_rank(r)))]
         room = self.host_limit - self.host_held(results)
         return movable, [r for r in movable if (r.bytes or 0) <= room]
@@ -322,7 +320,7 @@ class MemoryLedger:
         freed, result = 0, None
         with self._demand_lock:  # one thread moves at a time: each counts its own moves against the room left
             try:
-                while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)))[1]):
+                while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)), {})[1]):
                     result = fits[0]
                     before = on_engine(result)
                     if self._move_out(result, running):
