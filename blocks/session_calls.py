@@ -154,8 +154,8 @@ class EngineCalls:
             host = self._check_open()
             running, ledger = host.engine, host.ledger
             with call_environment(running, environment):
-                artifact = kind == "execute" and self.block.result_artifacts
-                looks = artifact or self._book.frames_out() or not all(r.deferred for r in read_by(claimed).values())
+                artifact, read = kind == "execute" and self.block.result_artifacts, read_by(claimed)
+                looks = artifact or self._book.frames_out() or not all(r.deferred for r in read.values())
                 if looks:  # the plan may read a frame: look
                     flags, plans = prepare_result(lf, optimized=artifact)
                     scanned = self._book.scanned(plans[0])
@@ -164,7 +164,7 @@ class EngineCalls:
                 for result in {*claimed, *scanned}:  # a frame an earlier query read, or a released one, is refused
                     result.check_scan(call.run)
                 call.planned = True
-                frames = ledger.bring_back(ledger.make_room(read_by(claimed), running), running)
+                frames = ledger.bring_back(ledger.make_room(read, running), running)
                 started = time.perf_counter()
                 value = getattr(running, kind)(lf, flags)
                 seconds = time.perf_counter() - started
