@@ -3,8 +3,9 @@ The results of one session and what became of them: produced, consumed, released
 
 Task threads claim and release results while the engine's owner thread admits
 new ones, so every entry and count changes under one lock. The book holds the
-unread results strongly (their session releases them at its end) and every
-other one weakly (a handle nothing else keeps goes away).
+unread results strongly (their session releases them at its end), and so
+the claimed ones whose frames no query has read yet; every other one weakly
+(a handle nothing else keeps goes away).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class ResultBook:
         self._live: dict[str, GPUResult] = {}  # unread, in the order produced
         self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
         self._by_cache: weakref.WeakValueDictionary[str, GPUResult] = weakref.WeakValueDictionary()
-        self._framed: weakref.WeakSet[GPUResult] = weakref.WeakSet()  # claimed with a frame no query read yet
+        # Claimed with a frame no query read yet, or released before one did. Held strongly: the frame outlives the
+        # handle when a caller keeps only ``result.lazy()``, and every plan must be looked at while it is out.
+        self._framed: dict[str, GPUResult] = {}
         self._host_framed: weakref.WeakSet[GPUResult] = weakref.WeakSet()  # claimed with a host frame (re-readable)
         self._counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
         self.open = True
@@ -59,7 +62,7 @@ class ResultBook:
             self._counts[count] += live
             if count == "consumed" and result.cache_id is not None:
                 self._by_cache[result.cache_id] = result
-                self._framed.add(result)
+                self._framed[result.id] = result
                 if isinstance(result.persisted, HostCopy):  # polars could scan its frame twice: look every time
                     self._host_framed.add(result)
         return live
@@ -69,7 +72,7 @@ class ResultBook:
         yet (or it was released before one did: that read is refused as released), or one reads rows in host
         memory (which a second query could scan again). Other plans need no look."""
         with self._lock:
-            self._framed = weakref.WeakSet(r for r in self._framed if r.frame_out or r.state == "released")
+            self._framed = {i: r for i, r in self._framed.items() if r.frame_out or r.state == "released"}
             return bool(self._framed) or bool(self._host_framed)
 
     def scanned(self, plan: str) -> list[GPUResult]:
@@ -93,5 +96,5 @@ class ResultBook:
     def clear(self) -> list[GPUResult]:
         """Let go of every result (the session has ended); returns them."""
         with self._lock:
-            every, self._all = list(self._all), weakref.WeakSet()
+            every, self._all, self._framed = list(self._all), weakref.WeakSet(), {}
             return every

@@ -22,6 +22,7 @@ from prefect import flow
 from api_reads import artifacts_of, task_runs_of
 from cudf_polars_import import cudf_polars_or_skip
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
+from prefect_cudf_polars.blocks.send_queue import wait_sent
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 
 #: The preview forms a user writes on ``result.lazy()``.
@@ -94,9 +95,11 @@ def test_the_plan_the_engine_runs_keeps_the_row_limit_out_of_the_results_scan(cp
 
 
 def head_of_a_dropped_result(engine: CudfPolarsEngine, orders) -> pl.DataFrame:
-    """``head`` of a result whose handle nobody holds any more: only its frame does."""
+    """``head`` of a result whose handle the caller no longer holds: only its frame does, once the result's events
+    (which name it) have been sent."""
     with engine.session() as session:
         lf = FORMS["head"](session.execute(pl.scan_parquet(orders), name="orders").lazy())
+        assert wait_sent(60.0)
         gc.collect()
         return session.collect(lf)
 
