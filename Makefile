@@ -66,8 +66,13 @@ deploy: install
 worker: install
 	$(BIN)/prefect worker start --pool gpu-pool
 
+# Without a GPU the suite runs in TEST_WORKERS processes (pytest-xdist), each test file on
+# one of them, so a file's module fixtures (a moto server, a deployment's worker) start
+# once; each process has its own local Prefect API. The GPU tests size their data from
+# the whole card, so on a GPU machine it runs in this process (TEST_WORKERS=0).
+TEST_WORKERS ?= $(if $(GPU_EXTRA),0,2)
 test: install-test
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The benchmark harness (benchmarks/README.md), e.g.
 #   make bench ARGS="--scale-factors 0.1 --backend cpu --out output/bench"

