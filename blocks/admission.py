@@ -149,17 +149,15 @@ def admitted(block: CudfPolarsEngine, limit_bytes: int | None, log: Log, *, gpus
     if limit_bytes is None:
         raise ValueError(ADMISSION_NEEDS_LIMIT.format(name=name))
     slots = slots_for(limit_bytes) * gpus
-    timeout = block.admission_timeout
     if not _limit_is_active(name, slots):
         log(logging.WARNING, "Admission limit %r is disabled in Prefect, so it is not enforced: the engine starts "
             "without occupying %d slot(s); enable it with `prefect gcl enable %s`.", name, slots, name)
         yield Admission(name, 0, 0.0)
         return
     log(logging.INFO, "Waiting for admission: %d slot(s) (GiB of device memory) of global concurrency limit %r, "
-        "for at most %g s (admission_timeout).", slots, name, timeout)
+        "for at most %g s (admission_timeout).", slots, name, block.admission_timeout)
     with ExitStack() as held:  # the slots, from the moment Prefect gives them: given back however the block ends
-        started = _occupy(held, name, slots, timeout, flow_run_id, wanted or (lambda: True))
-        seconds = time.monotonic() - started
+        seconds = _occupy(held, name, slots, block.admission_timeout, flow_run_id, wanted or (lambda: True))
         log(logging.INFO, "Admitted after %.2f s: holding %d slot(s) of global concurrency limit %r until the engine "
             "has shut down.", seconds, slots, name)
         yield Admission(name, slots, seconds)
@@ -217,7 +215,7 @@ def _unreachable(name: str, slots: int, exc: BaseException, waited: float) -> Ad
 def _occupy(held: ExitStack, name: str, slots: int, timeout: float, flow_run_id: UUID | None,
             wanted: Callable[[], bool]) -> float:
     """
-    Enter Prefect's ``concurrency`` for ``slots`` slots of ``name`` into ``held``; returns when the wait began.
+    Enter Prefect's ``concurrency`` for ``slots`` slots of ``name`` into ``held``; returns the seconds waited.
 
     Each request lasts at most :data:`REQUEST_SLICE_S` seconds (a fresh
     ``concurrency`` each time, so Prefect's per-limit acquisition service is
@@ -236,12 +234,11 @@ def _occupy(held: ExitStack, name: str, slots: int, timeout: float, flow_run_id:
     holder = ConcurrencyLeaseHolder(type="flow_run", id=flow_run_id) if flow_run_id is not None else None
     started = time.monotonic()
     while True:
-        remaining = started + timeout - time.monotonic()
         try:
-            held.enter_context(concurrency(name, occupy=slots, timeout_seconds=min(REQUEST_SLICE_S, remaining),
-                                           lease_duration=LEASE_DURATION_S, strict=True, holder=holder,
-                                           raise_on_lease_renewal_failure=False))
-            return started
+            held.enter_context(concurrency(
+                name, occupy=slots, timeout_seconds=min(REQUEST_SLICE_S, started + timeout - time.monotonic()),
+                lease_duration=LEASE_DURATION_S, strict=True, holder=holder, raise_on_lease_renewal_failure=False))
+            return time.monotonic() - started
         except TimeoutError:
             waited = time.monotonic() - started
             if waited >= timeout:

@@ -120,9 +120,8 @@ def refuse_host_persistence(result: Any) -> NoReturn:
         Always.
     """
     if not computing_cache_key():
-        ctx = TaskRunContext.get()
-        run = ctx.task_run.name if ctx is not None and ctx.task_run is not None else None
-        warn_once_in_task_run(NOT_PERSISTED_WARNING, run, result.name, result.id)
+        run = getattr(TaskRunContext.get(), "task_run", None)
+        warn_once_in_task_run(NOT_PERSISTED_WARNING, getattr(run, "name", None), result.name, result.id)
     raise HostPersistenceError(REFUSAL_MESSAGE.format(name=result.name, id=result.id), result_id=result.id,
                                result_name=result.name)
 

@@ -17,7 +17,6 @@ forked child starts a queue of its own.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 import os
@@ -72,9 +71,8 @@ def _serve(sends: queue.SimpleQueue[tuple[contextvars.Context, Callable[[], None
         batch = [sends.get()]
         _flush.wait(LINGER_S)
         _flush.clear()
-        with contextlib.suppress(queue.Empty):
-            while True:
-                batch.append(sends.get_nowait())
+        while not sends.empty():  # this thread is the queue's one reader: what it sees queued is there
+            batch.append(sends.get_nowait())
         for context, send in batch:
             try:
                 context.run(send)

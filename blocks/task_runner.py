@@ -70,6 +70,12 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     ... def pipeline(): ...
     """
 
+    #: The runner's state for one flow run, as it is outside any: set at ``__init__``, put back at ``__exit__`` (an
+    #: ended flow run leaves nothing of its engine here) and pickled so. ``_interrupted``: an engine start was
+    #: interrupted (a task's timeout, Ctrl-C, a cancellation).
+    _FLOW_RUN_STATE = {"session": None, "_open_error": None, "_interrupted": False, "_token": None, "_parent": None,
+                       "_flow_run": None}
+
     def __init__(self, engine: CudfPolarsEngine | str | None = None, max_workers: int | None = None) -> None:
         if engine is not None and not isinstance(engine, (CudfPolarsEngine, str)):
             raise TypeError(wrong_type("CudfPolarsTaskRunner(engine=...)", "a CudfPolarsEngine block or the name of "
@@ -77,13 +83,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         super().__init__(max_workers=max_workers)
         self.max_workers = max_workers
         self.engine = engine if engine is not None else CudfPolarsEngine()
-        self.session: EngineSession | None = None
         self._open_lock = threading.Lock()
-        self._open_error: BaseException | None = None
-        self._interrupted = False  # an engine start was interrupted (a task's timeout, Ctrl-C, a cancellation)
-        self._token: Any = None
-        self._parent: Any = None
-        self._flow_run: Any = None
+        vars(self).update(self._FLOW_RUN_STATE)
 
     def duplicate(self) -> CudfPolarsTaskRunner:
         """A fresh, unstarted runner with the same engine and thread count."""
@@ -168,9 +169,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
             finally:
                 if self._token is not None:
                     active.leave(self._token, self)
-                # What an ended flow run leaves here holds nothing of its engine.
-                self._token = self._parent = self._flow_run = self._open_error = self.session = None
-                self._interrupted = False
+                vars(self).update(self._FLOW_RUN_STATE)
 
     def _say_not_started(self, line: str) -> None:
         """One line for a flow run whose engine never started: its log if a task was submitted, else the console."""
@@ -186,8 +185,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
         return same_type and (self.max_workers, self.engine) == (value.max_workers, value.engine)
 
     def __getstate__(self) -> dict[str, Any]:
-        names = ("session", "_open_lock", "_open_error", "_interrupted", "_token", "_parent", "_flow_run")
-        return {**super().__getstate__(), **dict.fromkeys(names)}
+        return {**super().__getstate__(), **self._FLOW_RUN_STATE, "_open_lock": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)

@@ -258,9 +258,7 @@ class SessionTelemetry:
         optimized plan the engine ran (the artifact's, when asked for); ``reads``,
         per input result the query read, its name, id, reads in the plan and bytes per read.
         """
-        def plan_text() -> str | None:
-            return plan() if callable(plan) else plan
-
+        plan_text = plan if callable(plan) else lambda: plan
         task_run = getattr(TaskRunContext.get(), "task_run", None)
         flow_run_id = task_run.flow_run_id if task_run is not None else getattr(self.flow_run, "id", None)
         log = None if self.muted else (flow_run_id, getattr(task_run, "id", None))  # the producer's run log
