@@ -56,15 +56,13 @@ def is_s3_url(path: object) -> bool:
 
 def parse_s3_url(url: str) -> S3Location:
     """
-    Split ``s3://bucket/key`` into bucket and key.
+    Split an ``s3://bucket/key`` URL (one :func:`is_s3_url` accepts) into bucket and key.
 
     Raises
     ------
     ValueError
-        If ``url`` is not an ``s3://`` URL with a bucket name.
+        If ``url`` names no bucket.
     """
-    if not is_s3_url(url):
-        raise ValueError(f"{url!r} is not an s3:// URL (expected s3://bucket/key).")
     bucket, _, key = url[len("s3://") :].partition("/")
     if not bucket:
         raise ValueError(f"{url!r} names no bucket (expected s3://bucket/key).")
