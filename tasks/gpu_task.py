@@ -129,8 +129,7 @@ def gpu_task(fn: Callable[..., pl.LazyFrame] | None = None, /, *, collect: bool 
     def decorate(user_fn: Callable[..., Any]) -> Task[..., Any]:
         # A decorator made once may decorate several functions: task_options is not changed.
         name = task_options.get("name", user_fn.__name__)
-        prefect_options = {k: v for k, v in task_options.items() if k != "name"}
-        requested = persistence_requests(prefect_options)  # GPU results are never persisted
+        requested = persistence_requests(task_options)  # GPU results are never persisted
 
         def start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[EngineCall, dict[str, Any]]:
             """The run's engine call, and the keywords of its ``collect`` or ``execute``."""
@@ -161,12 +160,12 @@ def gpu_task(fn: Callable[..., pl.LazyFrame] | None = None, /, *, collect: bool 
         run_on_engine.__signature__ = inspect.signature(user_fn)  # type: ignore[attr-defined]
         # Task runs are named after the query (the task's name) unless overridden.
         options = {**gpu_task_defaults(returns_gpu_result=not collect), "task_run_name": gpu_task_run_name(name),
-                   **prefect_options}
+                   **task_options, "name": name}
         if requested and not collect:
             # A GPU result is never persisted: keep Prefect from pickling it (or its
             # inputs, for a cache key) and warn on each task run instead.
             options = {k: v for k, v in options.items() if k not in ("result_storage_key", "cache_key_fn")}
             options.update(gpu_task_defaults())
-        return GPUTask(fn=run_on_engine, name=name, **options)
+        return GPUTask(fn=run_on_engine, **options)
 
     return decorate if fn is None else decorate(fn)

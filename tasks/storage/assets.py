@@ -28,6 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prefect.assets import Asset, AssetProperties
+from prefect.context import AssetContext
 from pydantic import ValidationError
 
 from prefect_cudf_polars.tasks.storage.location import is_s3_url
@@ -52,8 +54,6 @@ def asset_key(location: str) -> str | None:
         Prefect's asset keys cannot hold (Prefect refuses spaces and
         ``%?#&"'<>[]{}|\\^``).
     """
-    from prefect.assets import Asset
-
     key = location.rstrip("/") if is_s3_url(location) else Path(location).expanduser().resolve().as_uri()
     try:
         Asset(key=key)
@@ -71,9 +71,6 @@ def declare_sources(locations: list[str]) -> None:
     locations : list of str
         Local paths or ``s3://`` URLs read.
     """
-    from prefect.assets import Asset
-    from prefect.context import AssetContext
-
     ctx = AssetContext.get()
     if ctx is None:
         return
@@ -96,9 +93,6 @@ def declare_target(location: str) -> str | None:
     str or None
         Its asset key, or ``None`` when nothing was declared.
     """
-    from prefect.assets import Asset, AssetProperties
-    from prefect.context import AssetContext
-
     ctx = AssetContext.get()
     key = asset_key(location)
     if ctx is None or key is None:
@@ -122,8 +116,6 @@ def record_written(key: str | None, metadata: dict[str, Any]) -> None:
     metadata : dict
         For example ``rows``, ``bytes``, ``schema`` and ``backend``.
     """
-    from prefect.context import AssetContext
-
     ctx = AssetContext.get()
     if ctx is not None and key is not None:
         ctx.add_asset_metadata(key, metadata)

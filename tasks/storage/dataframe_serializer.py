@@ -26,7 +26,6 @@ dates, datetimes with time zones, durations, lists, structs; checked in
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 from typing import Literal
 
@@ -93,7 +92,7 @@ class PolarsDataFrameSerializer(Serializer):
         """
         try:
             buffer = io.BytesIO(base64.b64decode(blob, validate=True))
-        except (binascii.Error, ValueError) as exc:
+        except ValueError as exc:  # binascii.Error is one
             raise ValueError("This result was not written by PolarsDataFrameSerializer (it is not base64): "
                              f"{READ_WITH_ITS_SERIALIZER}.") from exc
         try:

@@ -24,7 +24,6 @@ __all__ = ["S3AccessError", "explain_engine_error"]
 #: Server answers (S3 error codes and HTTP statuses) and what they mean for the user.
 _CREDENTIALS = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "403"})
 _DENIED = frozenset({"AccessDenied", "AllAccessDisabled"})
-_NO_BUCKET = frozenset({"NoSuchBucket"})
 _NO_KEY = frozenset({"NoSuchKey", "404"})
 
 #: Each reason's message, after "Could not {doing} {url}"; the other ``str.format`` fields are the
@@ -115,14 +114,10 @@ def explain(*, url: str, bucket: str, code: str, status: str, access: S3Access, 
         The answer was to a request on the bucket itself (a listing), whose
         "404" means the bucket does not exist.
     """
-    if code in _NO_BUCKET or (bucket_request and status == "404"):
-        reason = "no-bucket"
-    elif code in _CREDENTIALS or (status == "403" and code not in _DENIED):
-        reason = "credentials"
-    elif code in _DENIED:
-        reason = "denied"
-    else:
-        reason = "not-found" if code in _NO_KEY or status == "404" else "failed"
+    reason = ("no-bucket" if code == "NoSuchBucket" or (bucket_request and status == "404") else
+              "denied" if code in _DENIED else
+              "credentials" if code in _CREDENTIALS or status == "403" else
+              "not-found" if code in _NO_KEY or status == "404" else "failed")
     return S3AccessError(("Could not {doing} {url}" + _MESSAGES[reason]).format(
         doing=doing, url=url, bucket=bucket, where=access.describe(), code=code, answer=code or "HTTP " + status,
         detail=scrub(detail, access) or code or status), url=url, reason=reason)

@@ -6,9 +6,8 @@ moves, so a missing bucket, refused keys or an empty prefix fail with a clear
 :class:`~prefect_cudf_polars.tasks.storage.errors.S3AccessError` before a GPU
 result is claimed or a query is planned, whatever the backend; the engines' own
 messages for the same failures differ (polars' object store, KvikIO) and quote
-requests. The keys under a sink's prefix are listed and deleted here too
-(:func:`existing_keys`, :func:`delete_keys`); :func:`client_errors` turns what
-boto3 raises into that error.
+requests. :func:`client_errors` turns what boto3 raises into that error, and
+:func:`delete_keys` deletes the keys under a sink's prefix.
 """
 
 from __future__ import annotations
@@ -57,15 +56,13 @@ def is_s3_url(path: object) -> bool:
 
 def parse_s3_url(url: str) -> S3Location:
     """
-    Split ``s3://bucket/key`` into bucket and key.
+    Split an ``s3://bucket/key`` URL (one :func:`is_s3_url` accepts) into bucket and key.
 
     Raises
     ------
     ValueError
-        If ``url`` is not an ``s3://`` URL with a bucket name.
+        If ``url`` names no bucket.
     """
-    if not is_s3_url(url):
-        raise ValueError(f"{url!r} is not an s3:// URL (expected s3://bucket/key).")
     bucket, _, key = url[len("s3://") :].partition("/")
     if not bucket:
         raise ValueError(f"{url!r} names no bucket (expected s3://bucket/key).")
@@ -98,32 +95,14 @@ def client_errors(location: S3Location, access: S3Access, *, doing: str,
                       detail=f"{type(exc).__name__}: {exc}", bucket_request=bucket_request) from None
 
 
-def check_bucket(client: Any, location: S3Location, access: S3Access, *, doing: str, prefix: str = "") -> dict:
-    """
-    Ask the server for the bucket by listing at most one key under ``prefix``.
-
-    ``ListObjectsV2`` is used rather than ``HeadBucket``: a HEAD answer has no
-    body, so its 403 cannot tell refused keys from missing permission, while a
-    listing's error code can (``InvalidAccessKeyId``, ``SignatureDoesNotMatch``,
-    ``AccessDenied``, ``NoSuchBucket``).
-
-    Returns
-    -------
-    dict
-        The listing (``KeyCount`` tells whether anything is under ``prefix``).
-
-    Raises
-    ------
-    S3AccessError
-        ``reason`` ``"no-bucket"``, ``"credentials"``, ``"denied"`` or ``"failed"``.
-    """
-    with client_errors(location, access, doing=doing, bucket_request=True):
-        return client.list_objects_v2(Bucket=location.bucket, Prefix=prefix, MaxKeys=1)
-
-
 def check_readable(location: S3Location, access: S3Access) -> None:
     """
     Check, before the engine reads it, that ``location`` names at least one object.
+
+    The server is asked with ``ListObjectsV2`` (one key at most) rather than
+    ``HeadBucket``: a HEAD answer has no body, so its 403 cannot tell refused keys from missing
+    permission, while a listing's error code can (``InvalidAccessKeyId``,
+    ``SignatureDoesNotMatch``, ``AccessDenied``, ``NoSuchBucket``).
 
     Parameters
     ----------
@@ -139,25 +118,12 @@ def check_readable(location: S3Location, access: S3Access) -> None:
         the URL (``reason="not-found"``).
     """
     prefix = GLOB.split(location.key, maxsplit=1)[0]  # the key up to its first glob character: what to list
-    listing = check_bucket(access.client(), location, access, doing="read parquet from", prefix=prefix)
+    with client_errors(location, access, doing="read parquet from", bucket_request=True):
+        listing = access.client().list_objects_v2(Bucket=location.bucket, Prefix=prefix, MaxKeys=1)
     if not listing.get("KeyCount"):
         raise S3AccessError(f"Could not read parquet from {location.url}: no object in bucket {location.bucket!r} at "
                             f"{access.describe()} starts with {prefix!r}. Check the key or pattern, or write the data "
                             "first.", url=location.url, reason="not-found")
-
-
-def existing_keys(client: Any, location: S3Location, access: S3Access) -> list[str]:
-    """
-    Keys already under ``location`` taken as a folder (``prefix/``).
-
-    Raises
-    ------
-    S3AccessError
-        If listing fails.
-    """
-    with client_errors(location, access, doing="write parquet to"):
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=location.folder_key(""))
-        return [item["Key"] for page in pages for item in page.get("Contents", [])]
 
 
 def delete_keys(client: Any, location: S3Location, keys: list[str]) -> None:

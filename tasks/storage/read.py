@@ -75,19 +75,19 @@ def scan_parquet(source: str | Sequence[str], access: S3Access | None, *, backen
         ``storage_options``; GPU backends get only endpoint and region (run the
         frame with the ``environment`` of :meth:`~prefect_cudf_polars.blocks.EngineSession.execute`).
     **scan_options
-        More ``polars.scan_parquet`` options (``hive_partitioning``, ...).
+        More ``polars.scan_parquet`` options (``hive_partitioning``, ...);
+        ``storage_options`` is the one set here for ``s3://`` sources.
 
     Returns
     -------
     polars.LazyFrame
     """
     sources = _sources(source)
-    cloud: dict[str, Any] = {}
     if access is not None and any(is_s3_url(s) for s in sources):
         public = {"aws_region": access.region, "aws_endpoint_url": access.endpoint_url}  # never a key
-        cloud["storage_options"] = (access.storage_options() if backend == "cpu" else
-                                    {k: v for k, v in public.items() if v})
-    return pl.scan_parquet(sources if len(sources) > 1 else sources[0], **cloud, **scan_options)
+        scan_options["storage_options"] = (access.storage_options() if backend == "cpu" else
+                                           {k: v for k, v in public.items() if v})
+    return pl.scan_parquet(sources if len(sources) > 1 else sources[0], **scan_options)
 
 
 def run_reading_s3(session: EngineSession, access: S3Access, fn: Any, *args: Any, url: str, **kwargs: Any) -> Any:

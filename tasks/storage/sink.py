@@ -42,9 +42,7 @@ from prefect_cudf_polars.blocks.errors import NEW_TARGET, wrong_type
 from prefect_cudf_polars.tasks.calls import EngineCall
 from prefect_cudf_polars.tasks.storage.assets import declare_target, record_written
 from prefect_cudf_polars.tasks.storage.credentials import S3Access, resolve_s3_access
-from prefect_cudf_polars.tasks.storage.location import (
-    S3Location, check_bucket, client_errors, delete_keys, existing_keys, is_s3_url, parse_s3_url,
-)
+from prefect_cudf_polars.tasks.storage.location import S3Location, client_errors, delete_keys, is_s3_url, parse_s3_url
 from prefect_cudf_polars.tasks.storage.errors import S3AccessError
 from prefect_cudf_polars.tasks.storage.run_names import sink_parquet_run_name
 from prefect_cudf_polars.tasks.gpu_task_type import gpu_prefect_task as task
@@ -95,8 +93,10 @@ def _check_local_target(folder: Path, *, overwrite: bool) -> None:
 
 def _check_s3_target(location: S3Location, access: S3Access, *, overwrite: bool) -> Any:
     client = access.client()
-    check_bucket(client, location, access, doing="write parquet to")
-    keys = existing_keys(client, location, access)
+    # One listing of the prefix asks for the bucket too (its errors as check_readable's) and finds what it holds.
+    with client_errors(location, access, doing="write parquet to", bucket_request=True):
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=location.folder_key(""))
+        keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
     if keys and not overwrite:
         raise S3AccessError(f"Could not write parquet to {location.url}: the prefix already holds {len(keys)} "
                             f"object(s) (e.g. {keys[0]!r}); {NEW_TARGET.format(what='prefix')}.", url=location.url,
