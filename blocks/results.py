@@ -134,8 +134,7 @@ class GPUResult:
             self._persisted, self.fused, self.ranks = payload, tuple(fused), list(payload.ranks)
         self.schema, self.rows, self.bytes, self.engine_seconds = payload.schema, rows, bytes, engine_seconds
         self.rank_bytes = tuple(rank_bytes) or ((bytes,) if bytes else ())
-        self.produced_by = run.name
-        self.produced_by_task_run_id = run.task_run_id
+        self.produced_by, self.produced_by_task_run_id = run.name, run.task_run_id
         self.lineage, self.cache_id = lineage, None
         self._claim: RunIdentity | None = None  # the run attempt that claimed it
         self._frame: pl.LazyFrame | None = None  # what the claiming attempt reads, until a query has read it

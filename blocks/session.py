@@ -169,7 +169,7 @@ class EngineSession(EngineCalls):
         if self.fallback_warning and self._telemetry.flow_run is None:
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
         self.host = EngineHost.start(self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}",
-                                     ended=self.ended_message, log=self._telemetry.log)
+                                     ended=self.ended_message, log=self._telemetry.log, flow_run_id=self.flow_run_id)
         self._owns_host, self.description = True, self.host.description
         self.timings.update(engine_start_s=self.host.start_seconds, admission_wait_s=self.host.admission.seconds)
 
