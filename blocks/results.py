@@ -420,8 +420,7 @@ def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
 # serializes objects that carry a __pydantic_serializer__ with it; the same JSON form
 # refuses every other caller (see persistence.py).
 GPUResult.__pydantic_serializer__ = SchemaSerializer(  # type: ignore[attr-defined]
-    core_schema.any_schema(serialization=core_schema.plain_serializer_function_ser_schema(cache_key_form))
-)
+    core_schema.any_schema(serialization=core_schema.plain_serializer_function_ser_schema(cache_key_form)))
 
 # What Prefect's cache keys hash for a result: its id, never its data.
 STABLE_TRANSFORMS[GPUResult] = lambda result: {"gpu_result_id": result.id}

@@ -244,12 +244,11 @@ class EngineSession(EngineCalls):
         and ``at_end``: rmm statistics, or the ``cpu`` host store), ``peak_memory`` and ``peak_memory_per_rank``
         (bytes), ``engine_calls``, ``timings`` (seconds), ``shutdown_thread``, ``teardown``, ``dashboard`` and
         ``held`` (:meth:`MemoryLedger.summary <prefect_cudf_polars.blocks.memory.MemoryLedger.summary>`, of the host)."""
-        return {
-            "session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
-            "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
-            "peak_memory_per_rank": dict(self._telemetry.peak_per_rank), "engine_calls": self._engine_calls,
-            "timings": dict(self.timings), "shutdown_thread": self._shutdown_thread, "teardown": self.teardown,
-            "dashboard": self.description.get("dashboard"), "held": self.held.summary()}
+        return {"session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
+                "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
+                "peak_memory_per_rank": dict(self._telemetry.peak_per_rank), "engine_calls": self._engine_calls,
+                "timings": dict(self.timings), "shutdown_thread": self._shutdown_thread, "teardown": self.teardown,
+                "dashboard": self.description.get("dashboard"), "held": self.held.summary()}
 
     def __repr__(self) -> str:
         return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live={len(self.live_results)})"

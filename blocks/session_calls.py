@@ -279,8 +279,7 @@ class EngineCalls:
             made: list[GPUResult] = []
             try:
                 for _ in range(n):
-                    persisted = result.persisted
-                    if result.deferred or persisted is None or persisted.moved_out:
+                    if (persisted := result.persisted) is None or persisted.moved_out:  # a deferred one holds none
                         return None
                     try:
                         copied = self._check_open().engine.copy(persisted)
