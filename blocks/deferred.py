@@ -52,10 +52,8 @@ def fused_note(exc: BaseException, steps: Sequence[FusedStep]) -> str | None:
     if not steps or any(isinstance(e, SessionError) for e in iter_exceptions(exc)):
         return None
     named = ", ".join(f"{step.name!r} ({step.produced_by})" for step in steps)
-    return (
-        f"This engine call ran the query with {len(steps)} deferred step(s) fused in, upstream first: "
-        f"{named}. The error may come from the query or from any of those steps; run them without "
-        "defer=True to see which one fails."
-    )
+    return (f"This engine call ran the query with {len(steps)} deferred step(s) fused in, upstream first: "
+            f"{named}. The error may come from the query or from any of those steps; run them without "
+            "defer=True to see which one fails.")
 
 

@@ -118,7 +118,7 @@ class EngineHost:
 
     @classmethod
     def start(cls, backend: str, block: CudfPolarsEngine, *, name: str, ended: Callable[[], str],
-              log: Log) -> EngineHost:
+              log: Log, flow_run_id: Any) -> EngineHost:
         """
         Start ``backend`` on a new owner thread, after occupying the block's admission slots.
 
@@ -134,6 +134,8 @@ class EngineHost:
         log : callable
             ``log(level, msg, *args)``: where the admission's lines go (the flow
             run's log, once the session knows its flow run).
+        flow_run_id : uuid.UUID or None
+            The flow run the session serves (``None`` outside one): the holder of the admission slots.
 
         Raises
         ------
@@ -145,9 +147,6 @@ class EngineHost:
             down, waited for at most the block's ``teardown_timeout``, and the thread ends;
             the admission slots are given back after it.
         """
-        from prefect_cudf_polars.blocks.active import flow_run_context
-
-        flow_run_id = getattr(getattr(flow_run_context(), "flow_run", None), "id", None)
         host = cls(name, ended)
         try:
             host.run(host._start, backend, block, log, flow_run_id)
@@ -261,8 +260,7 @@ class EngineHost:
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if future.cancelled() and (task is None or not task.cancelling()):
+            if future.cancelled() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise SessionError(self._ended()) from None  # the host shut down before the call started
             self._abandon(future, on_late)
             raise

@@ -134,8 +134,7 @@ class GPUResult:
             self._persisted, self.fused, self.ranks = payload, tuple(fused), list(payload.ranks)
         self.schema, self.rows, self.bytes, self.engine_seconds = payload.schema, rows, bytes, engine_seconds
         self.rank_bytes = tuple(rank_bytes) or ((bytes,) if bytes else ())
-        self.produced_by = run.name
-        self.produced_by_task_run_id = run.task_run_id
+        self.produced_by, self.produced_by_task_run_id = run.name, run.task_run_id
         self.lineage, self.cache_id = lineage, None
         self._claim: RunIdentity | None = None  # the run attempt that claimed it
         self._frame: pl.LazyFrame | None = None  # what the claiming attempt reads, until a query has read it
@@ -421,8 +420,7 @@ def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
 # serializes objects that carry a __pydantic_serializer__ with it; the same JSON form
 # refuses every other caller (see persistence.py).
 GPUResult.__pydantic_serializer__ = SchemaSerializer(  # type: ignore[attr-defined]
-    core_schema.any_schema(serialization=core_schema.plain_serializer_function_ser_schema(cache_key_form))
-)
+    core_schema.any_schema(serialization=core_schema.plain_serializer_function_ser_schema(cache_key_form)))
 
 # What Prefect's cache keys hash for a result: its id, never its data.
 STABLE_TRANSFORMS[GPUResult] = lambda result: {"gpu_result_id": result.id}

@@ -169,7 +169,7 @@ class EngineSession(EngineCalls):
         if self.fallback_warning and self._telemetry.flow_run is None:
             warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
         self.host = EngineHost.start(self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}",
-                                     ended=self.ended_message, log=self._telemetry.log)
+                                     ended=self.ended_message, log=self._telemetry.log, flow_run_id=self.flow_run_id)
         self._owns_host, self.description = True, self.host.description
         self.timings.update(engine_start_s=self.host.start_seconds, admission_wait_s=self.host.admission.seconds)
 
@@ -244,12 +244,11 @@ class EngineSession(EngineCalls):
         and ``at_end``: rmm statistics, or the ``cpu`` host store), ``peak_memory`` and ``peak_memory_per_rank``
         (bytes), ``engine_calls``, ``timings`` (seconds), ``shutdown_thread``, ``teardown``, ``dashboard`` and
         ``held`` (:meth:`MemoryLedger.summary <prefect_cudf_polars.blocks.memory.MemoryLedger.summary>`, of the host)."""
-        return {
-            "session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
-            "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
-            "peak_memory_per_rank": dict(self._telemetry.peak_per_rank), "engine_calls": self._engine_calls,
-            "timings": dict(self.timings), "shutdown_thread": self._shutdown_thread, "teardown": self.teardown,
-            "dashboard": self.description.get("dashboard"), "held": self.held.summary()}
+        return {"session_id": self.id, "backend": self.backend, "gpus": list(self.description.get("gpus", [])),
+                "counts": self.counts, "memory": self.memory, "peak_memory": self._telemetry.peak,
+                "peak_memory_per_rank": dict(self._telemetry.peak_per_rank), "engine_calls": self._engine_calls,
+                "timings": dict(self.timings), "shutdown_thread": self._shutdown_thread, "teardown": self.teardown,
+                "dashboard": self.description.get("dashboard"), "held": self.held.summary()}
 
     def __repr__(self) -> str:
         return f"EngineSession(id={self.id[:8]}, backend={self.backend}, {self.state.value}, live={len(self.live_results)})"

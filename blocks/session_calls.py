@@ -136,8 +136,6 @@ class EngineCalls:
         host, run = self._check_open(), current_run()
         claimed = [r for r in inputs if r.claimed_in(run)]
         call = PendingCall(host, fused_steps(claimed), run, name or "query", self._finished, self._late)
-        if kind == "execute":
-            lineage = lineage or Lineage.of_query(lf, environment=environment)
         call.future = host.submit(self._on_owner, kind, lf, claimed, call, environment, lineage)
         return call
 
@@ -177,6 +175,7 @@ class EngineCalls:
             ledger.read_back(frames)
             reading = self._telemetry.note(running.read(value if kind == "execute" else None))
             if kind == "execute":
+                lineage = lineage or Lineage.of_query(lf, environment=environment)
                 value = self._admit(GPUResult(value, owner=self, name=call.name, run=call.run, lineage=lineage,
                                               engine_seconds=seconds, rows=reading.rows, bytes=reading.bytes,
                                               rank_bytes=reading.bytes_per_rank, fused=call.fused))
@@ -280,8 +279,7 @@ class EngineCalls:
             made: list[GPUResult] = []
             try:
                 for _ in range(n):
-                    persisted = result.persisted
-                    if result.deferred or persisted is None or persisted.moved_out:
+                    if (persisted := result.persisted) is None or persisted.moved_out:  # a deferred one holds none
                         return None
                     try:
                         copied = self._check_open().engine.copy(persisted)
