@@ -26,12 +26,6 @@ EXPECTED_ROWS: dict[str, int] = {"flights": 336_776, "weather": 26_115, "planes"
                                  "airports": 1_458}
 
 
-def default_cache_dir() -> Path:
-    """``$PREFECT_CUDF_POLARS_DATA`` or ``~/.cache/prefect-cudf-polars/nycflights13``."""
-    default = Path.home() / ".cache" / "prefect-cudf-polars" / "nycflights13"
-    return Path(os.environ.get("PREFECT_CUDF_POLARS_DATA") or default)
-
-
 def package_data_dir() -> Path:
     """
     Folder of the nycflights13 package's CSV files.
@@ -55,7 +49,8 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
     Parameters
     ----------
     cache_dir
-        Folder for the parquet files (default :func:`default_cache_dir`).
+        Folder for the parquet files (default ``$PREFECT_CUDF_POLARS_DATA``, else
+        ``~/.cache/prefect-cudf-polars/nycflights13``).
 
     Returns
     -------
@@ -68,9 +63,10 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
         If the nycflights13 package is not installed.
     ValueError
         If a converted table does not have the expected row count (a damaged
-        download); the partial file is removed.
+        download); its parquet file is not written.
     """
-    target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    default = Path.home() / ".cache" / "prefect-cudf-polars" / "nycflights13"
+    target = Path(cache_dir if cache_dir is not None else os.environ.get("PREFECT_CUDF_POLARS_DATA") or default)
     target.mkdir(parents=True, exist_ok=True)
     paths = {table: target / f"{table}.parquet" for table in TABLES}
     for table, path in paths.items():
