@@ -124,9 +124,8 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console | None 
 
 
 @flow(name="flight-delay-report")
-def flight_delay_report(
-    engine_block: str | None = None, output_dir: str = "output", top: int = 20, data_dir: str | None = None
-) -> pl.DataFrame:
+def flight_delay_report(engine_block: str | None = None, output_dir: str = "output", top: int = 20,
+                        data_dir: str | None = None) -> pl.DataFrame:
     """
     Rank the 2013 NYC routes by mean arrival delay, on the GPU when there is one.
 

@@ -324,9 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
         "engine block gets the device memory limit and the admission limit, prefect-cudf-polars admission-limit "
         "creates or resizes the global concurrency limit to the GPU's GiB, and the work pool's concurrency limit "
         "is cleared. Every step can be repeated.")
-    dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK, metavar="NAME",
-                     help="name of the engine block to save; prefect.yaml's deployment loads "
-                     "'%(default)s' (default: %(default)s)")
+    dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK, metavar="NAME", help="name of the engine "
+                     "block to save; prefect.yaml's deployment loads '%(default)s' (default: %(default)s)")
     # Both commands save an engine block; save-engine's backend defaults to auto, deploy's is chosen
     # from this machine (deploy_backend).
     for command, backend, default in ((save, "auto", "%(default)s"), (dep, None, DEPLOY_BACKEND_DEFAULT)):
