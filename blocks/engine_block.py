@@ -41,8 +41,7 @@ _MemoryAmount = Annotated[int, Field(gt=0)] | Annotated[str, Field(pattern=MEMOR
 _Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 # Keys Prefect 3.9's Block serializer adds to a block's data (Block.ser_model,
 # Block.validate_block_type_slug); a saved block's document carries them.
-_PREFECT_BLOCK_KEYS = frozenset(
-    {"block_type_slug", "_block_document_id", "_block_document_name", "_is_anonymous"})
+_PREFECT_BLOCK_KEYS = frozenset({"block_type_slug", "_block_document_id", "_block_document_name", "_is_anonymous"})
 
 
 def _did_you_mean(name: str, choices: Any) -> str:

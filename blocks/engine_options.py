@@ -19,12 +19,11 @@ NAMED_EXECUTOR_KEYS = frozenset({"target_partition_size", "max_rows_per_partitio
 
 #: ``StreamingExecutor``'s init fields in cudf-polars 26.10, for machines where it cannot be imported.
 STREAMING_EXECUTOR_FIELDS = frozenset({
-    "broadcast_limit", "client_device_threshold", "cluster", "dask_context", "dynamic_planning",
-    "fallback_mode", "join_filter_pushdown", "kvikio_bounce_buffer_bytes", "kvikio_nthreads",
-    "kvikio_reactor_count", "kvikio_reactor_dispatch", "kvikio_remote_io_backend", "kvikio_request_ceiling",
-    "kvikio_statistics", "kvikio_task_size", "max_concurrent_io_tasks", "max_rows_per_partition",
-    "min_device_size", "num_py_executors", "quent_context", "ray_context", "sink_to_directory",
-    "spmd_context", "target_partition_size",
+    "broadcast_limit", "client_device_threshold", "cluster", "dask_context", "dynamic_planning", "fallback_mode",
+    "join_filter_pushdown", "kvikio_bounce_buffer_bytes", "kvikio_nthreads", "kvikio_reactor_count",
+    "kvikio_reactor_dispatch", "kvikio_remote_io_backend", "kvikio_request_ceiling", "kvikio_statistics",
+    "kvikio_task_size", "max_concurrent_io_tasks", "max_rows_per_partition", "min_device_size", "num_py_executors",
+    "quent_context", "ray_context", "sink_to_directory", "spmd_context", "target_partition_size",
 })
 
 #: Keys cudf-polars sets itself for the backend (``cudf_polars.engine.core._RESERVED_EXECUTOR_KEYS``, 26.10).

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from contextlib import ExitStack
 import sys
 import tempfile
 from pathlib import Path
@@ -125,9 +124,8 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console | None 
 
 
 @flow(name="flight-delay-report")
-def flight_delay_report(
-    engine_block: str | None = None, output_dir: str = "output", top: int = 20, data_dir: str | None = None
-) -> pl.DataFrame:
+def flight_delay_report(engine_block: str | None = None, output_dir: str = "output", top: int = 20,
+                        data_dir: str | None = None) -> pl.DataFrame:
     """
     Rank the 2013 NYC routes by mean arrival delay, on the GPU when there is one.
 
@@ -162,7 +160,7 @@ def flight_delay_report(
     Both are raised before any data is read; the flow run ends Failed with the
     error's message as its state message, and no traceback is logged.
     """
-    with ExitStack() as opened:
+    with contextlib.ExitStack() as opened:
         try:
             session = opened.enter_context(_engine(engine_block).session())
         except (BlockNotFoundError, NoGPUError) as exc:

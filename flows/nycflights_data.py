@@ -26,12 +26,6 @@ EXPECTED_ROWS: dict[str, int] = {"flights": 336_776, "weather": 26_115, "planes"
                                  "airports": 1_458}
 
 
-def default_cache_dir() -> Path:
-    """``$PREFECT_CUDF_POLARS_DATA`` or ``~/.cache/prefect-cudf-polars/nycflights13``."""
-    default = Path.home() / ".cache" / "prefect-cudf-polars" / "nycflights13"
-    return Path(os.environ.get("PREFECT_CUDF_POLARS_DATA") or default)
-
-
 def package_data_dir() -> Path:
     """
     Folder of the nycflights13 package's CSV files.
@@ -48,14 +42,6 @@ def package_data_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def _read_csv(source: Path) -> pl.DataFrame:
-    data: Path | bytes = source
-    if source.suffix == ".zip":
-        with zipfile.ZipFile(source) as archive:
-            data = archive.read(archive.namelist()[0])
-    return pl.read_csv(data, null_values="NA", infer_schema_length=None)
-
-
 def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
     """
     Convert the nycflights13 tables to parquet once; return their paths.
@@ -63,7 +49,8 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
     Parameters
     ----------
     cache_dir
-        Folder for the parquet files (default :func:`default_cache_dir`).
+        Folder for the parquet files (default ``$PREFECT_CUDF_POLARS_DATA``, else
+        ``~/.cache/prefect-cudf-polars/nycflights13``).
 
     Returns
     -------
@@ -76,14 +63,19 @@ def ensure_parquet(cache_dir: str | Path | None = None) -> dict[str, str]:
         If the nycflights13 package is not installed.
     ValueError
         If a converted table does not have the expected row count (a damaged
-        download); the partial file is removed.
+        download); its parquet file is not written.
     """
-    target = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    default = Path.home() / ".cache" / "prefect-cudf-polars" / "nycflights13"
+    target = Path(cache_dir if cache_dir is not None else os.environ.get("PREFECT_CUDF_POLARS_DATA") or default)
     target.mkdir(parents=True, exist_ok=True)
     paths = {table: target / f"{table}.parquet" for table in TABLES}
     for table, path in paths.items():
         if not path.exists():
-            df = _read_csv(package_data_dir() / TABLES[table])
+            data: Path | bytes = package_data_dir() / TABLES[table]
+            if TABLES[table].endswith(".zip"):  # flights: one CSV file in a zip archive
+                with zipfile.ZipFile(data) as archive:
+                    data = archive.read(archive.namelist()[0])
+            df = pl.read_csv(data, null_values="NA", infer_schema_length=None)
             if df.height != EXPECTED_ROWS[table]:
                 raise ValueError(f"nycflights13 table {table!r} has {df.height} rows, expected "
                                  f"{EXPECTED_ROWS[table]}: reinstall the nycflights13 package.")

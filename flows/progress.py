@@ -87,9 +87,7 @@ class StepProgress:
             self._publish("update", update_progress_artifact, artifact_id=self.artifact_id, progress=self.percent,
                           description=f"{len(self.done_steps)}/{len(self.steps)} steps done; last: {step}")
         line = Table.grid(padding=(0, 1))
-        line.add_row(
-            ProgressBar(total=len(self.steps), completed=len(self.done_steps), width=24),
-            f"{len(self.done_steps)}/{len(self.steps)}", f"[bold]{step}[/bold]",
-            f"{detail}  (+{time.perf_counter() - self._started:.1f} s)".strip(),
-        )
+        line.add_row(ProgressBar(total=len(self.steps), completed=len(self.done_steps), width=24),
+                     f"{len(self.done_steps)}/{len(self.steps)}", f"[bold]{step}[/bold]",
+                     f"{detail}  (+{time.perf_counter() - self._started:.1f} s)".strip())
         self.console.print(line)

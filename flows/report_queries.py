@@ -56,10 +56,8 @@ def route_month_delays(enriched: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def worst_routes(
-    monthly: pl.LazyFrame, airlines: pl.LazyFrame, airports: pl.LazyFrame, *, top: int = 20,
-    min_flights: int = 365,
-) -> pl.LazyFrame:
+def worst_routes(monthly: pl.LazyFrame, airlines: pl.LazyFrame, airports: pl.LazyFrame, *, top: int = 20,
+                 min_flights: int = 365) -> pl.LazyFrame:
     """
     Step 3: the ``top`` routes with the worst mean arrival delay over the year.
 

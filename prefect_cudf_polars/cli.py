@@ -40,10 +40,11 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.blocks.admission import slots_for
-from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN
+from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN, Backend
 from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE, invalid_fields
 
 #: The work pool the project's prefect.yaml deploys to.
@@ -118,10 +119,11 @@ def set_admission_limit(name: str, slots: int) -> None:
     Create the global concurrency limit ``name`` with ``slots`` slots, or set an existing one's size to ``slots``.
 
     Its slots are GiB of device memory: give one per GiB of the smallest GPU's
-    memory that the flow runs admitted by it share (:func:`gpu_memory_slots`).
-    The slots in use are kept. Either way the limit is active and its slots do
-    not decay (``slot_decay_per_second=0``): a slot is given back only when the
-    engine that occupied it has shut down.
+    memory that the flow runs admitted by it share, rounded up
+    (:func:`~prefect_cudf_polars.blocks.admission.slots_for`). The slots in use
+    are kept. Either way the limit is active and its slots do not decay
+    (``slot_decay_per_second=0``): a slot is given back only when the engine
+    that occupied it has shut down.
 
     Raises
     ------
@@ -140,17 +142,6 @@ def set_admission_limit(name: str, slots: int) -> None:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, **fields))
         else:
             client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(**fields))
-
-
-def gpu_memory_slots(gpu_memory_bytes: int) -> int:
-    """
-    The admission limit's slots for a GPU of ``gpu_memory_bytes`` bytes: its GiB, rounded up.
-
-    The same rule as a session's slots (:func:`~prefect_cudf_polars.blocks.admission.slots_for`),
-    so N flow runs of ``100/N`` % of this GPU fit in it together: an H200's
-    139.8 GiB give 140 slots, and each of two 50 % runs occupies 70.
-    """
-    return slots_for(gpu_memory_bytes)
 
 
 def deploy_commands(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
@@ -302,7 +293,6 @@ examples:
   prefect-cudf-polars deploy --engine-block gpu --backend spmd
   prefect-cudf-polars deploy --admission-limit gpu-memory --device-memory-limit 40%
 """
-BACKENDS = ["auto", "spmd", "dask", "ray", "cpu"]
 BACKEND_HELP = ("auto: spmd with one visible GPU, dask with several; spmd: one GPU, in the flow run's process; dask: "
                 "a local Dask cluster the flow run starts, one worker per GPU; ray: a local Ray the flow run starts, "
                 "one actor per GPU; cpu: polars' CPU engine, no GPU (default: %(default)s)")
@@ -334,13 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
         "engine block gets the device memory limit and the admission limit, prefect-cudf-polars admission-limit "
         "creates or resizes the global concurrency limit to the GPU's GiB, and the work pool's concurrency limit "
         "is cleared. Every step can be repeated.")
-    dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK, metavar="NAME",
-                     help="name of the engine block to save; prefect.yaml's deployment loads "
-                     "'%(default)s' (default: %(default)s)")
+    dep.add_argument("--engine-block", default=DEFAULT_ENGINE_BLOCK, metavar="NAME", help="name of the engine "
+                     "block to save; prefect.yaml's deployment loads '%(default)s' (default: %(default)s)")
     # Both commands save an engine block; save-engine's backend defaults to auto, deploy's is chosen
     # from this machine (deploy_backend).
     for command, backend, default in ((save, "auto", "%(default)s"), (dep, None, DEPLOY_BACKEND_DEFAULT)):
-        command.add_argument("--backend", default=backend, choices=BACKENDS,
+        command.add_argument("--backend", default=backend, choices=get_args(Backend),
                              help=BACKEND_HELP.replace("%(default)s", default))
         command.add_argument("--cpu-fallback", action="store_true",
                              help="with no usable GPU, warn and use the cpu backend instead of failing")
@@ -370,8 +359,10 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     Refuse, with argparse's one-line error (exit status 2), engine block arguments the block would refuse.
 
     For ``deploy`` with ``--admission-limit``, also fill in ``args.gpu_memory_gib``
-    from the smallest GPU here (:func:`gpu_memory_slots`: its GiB, rounded up) when
-    it was not given.
+    from the smallest GPU here when it was not given: its GiB, rounded up, the
+    same rule as a session's slots (:func:`~prefect_cudf_polars.blocks.admission.slots_for`),
+    so N flow runs of ``100/N`` % of this GPU fit in it together (an H200's
+    139.8 GiB give 140 slots, and each of two 50 % runs occupies 70).
     """
     from pydantic import ValidationError
 
@@ -390,7 +381,7 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
         if found is None:
             parser.error("--admission-limit needs --gpu-memory-gib N (the GPU's memory in GiB, the limit's "
                          "slots): no GPU is visible here to read it from")
-        args.gpu_memory_gib = gpu_memory_slots(found)
+        args.gpu_memory_gib = slots_for(found)
     if isinstance(limit, int) and slots_for(limit) > args.gpu_memory_gib:
         parser.error(f"--device-memory-limit {limit} is {slots_for(limit)} GiB, more than the "
                      f"{args.gpu_memory_gib} GiB of --gpu-memory-gib: no flow run would ever be admitted")
@@ -410,8 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "deploy":
         args.backend, args.cpu_fallback, note = deploy_backend(args.backend, args.cpu_fallback)
     check_engine_arguments(parser, args)
-    engine = {"backend": args.backend, "cpu_fallback": args.cpu_fallback, "device_memory_limit":
-              args.device_memory_limit, "admission_limit": args.admission_limit}
+    engine = {key: getattr(args, key) for key in ("backend", "cpu_fallback", "device_memory_limit", "admission_limit")}
     if args.command == "save-engine":
         block_id = save_engine(args.name, admission_timeout=args.admission_timeout, **engine)
         print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")

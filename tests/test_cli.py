@@ -117,7 +117,7 @@ def test_n_runs_of_a_percentage_fit_in_the_limit_sized_from_the_gpu_as_the_guide
     from prefect_cudf_polars.blocks.admission import slots_for
 
     h200 = 150_121_545_728  # 139.8 GiB
-    limit = cli.gpu_memory_slots(h200)
+    limit = slots_for(h200)
     assert limit == 140
     # A percentage's bytes, as the block reads it against the GPU, occupy their GiB rounded up.
     block = CudfPolarsEngine(backend="cpu", device_memory_limit=f"{percent}%")

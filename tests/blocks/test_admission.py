@@ -218,7 +218,7 @@ def test_three_flow_runs_of_4_gib_under_a_10_slot_limit_never_run_three_engines_
 
 
 def test_two_flow_runs_of_half_a_gpu_of_non_whole_gib_run_at_once_under_the_limit_the_cli_sizes(orders):
-    gpu_slots = cli.gpu_memory_slots(H200_BYTES)  # what deploy sizes the limit to on this GPU
+    gpu_slots = slots_for(H200_BYTES)  # what deploy sizes the limit to on this GPU
     half = H200_BYTES // 2  # device_memory_limit="50%" on it
     assert (gpu_slots, slots_for(half)) == (140, 70)
     name = f"gpu-memory-{uuid.uuid4().hex[:12]}"
