@@ -161,6 +161,8 @@ class HostCopy:
 
     #: Always in host memory.
     moved_out = True
+    #: Its frame scans the rows, not this copy.
+    frame_source = None
 
     def __init__(self, frame: pl.DataFrame, ranks: Sequence[int]) -> None:
         self._frame: pl.DataFrame | None = frame

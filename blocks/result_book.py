@@ -3,15 +3,16 @@ The results of one session and what became of them: produced, consumed, released
 
 Task threads claim and release results while the engine's owner thread admits
 new ones, so every entry and count changes under one lock. The book holds the
-unread results strongly (their session releases them at its end), and so
-the claimed ones whose frames no query has read yet; every other one weakly
-(a handle nothing else keeps goes away).
+unread results strongly (their session releases them at its end) and every
+other one weakly (a handle nothing else keeps goes away; a claimed result's
+frame keeps what it reads, not the handle).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 
 from prefect_cudf_polars.blocks.backends.plans import cache_uses
 from prefect_cudf_polars.blocks.memory import HostCopy
@@ -33,9 +34,10 @@ class ResultBook:
         self._live: dict[str, GPUResult] = {}  # unread, in the order produced
         self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
         self._by_cache: weakref.WeakValueDictionary[str, GPUResult] = weakref.WeakValueDictionary()
-        # Claimed with a frame no query read yet, or released before one did. Held strongly: the frame outlives the
-        # handle when a caller keeps only ``result.lazy()``, and every plan must be looked at while it is out.
-        self._framed: dict[str, GPUResult] = {}
+        # Claimed with a frame no query read yet, or released before one did: by id, the handle and what its frame
+        # keeps alive (``frame_source``), both weakly. A caller may keep only ``result.lazy()``: the handle goes
+        # away, and the frame counts as out until what it keeps goes away too.
+        self._framed: dict[str, tuple[weakref.ref[GPUResult], Callable[[], object | None]]] = {}
         self._host_framed: weakref.WeakSet[GPUResult] = weakref.WeakSet()  # claimed with a host frame (re-readable)
         self._counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
         self.open = True
@@ -62,7 +64,8 @@ class ResultBook:
             self._counts[count] += live
             if count == "consumed" and result.cache_id is not None:
                 self._by_cache[result.cache_id] = result
-                self._framed[result.id] = result
+                source = None if result.persisted is None else result.persisted.frame_source
+                self._framed[result.id] = (weakref.ref(result), _nothing if source is None else weakref.ref(source))
                 if isinstance(result.persisted, HostCopy):  # polars could scan its frame twice: look every time
                     self._host_framed.add(result)
         return live
@@ -72,7 +75,7 @@ class ResultBook:
         yet (or it was released before one did: that read is refused as released), or one reads rows in host
         memory (which a second query could scan again). Other plans need no look."""
         with self._lock:
-            self._framed = {i: r for i, r in self._framed.items() if r.frame_out or r.state == "released"}
+            self._framed = {i: refs for i, refs in self._framed.items() if _may_be_read(*refs)}
             return bool(self._framed) or bool(self._host_framed)
 
     def scanned(self, plan: str) -> list[GPUResult]:
@@ -96,5 +99,18 @@ class ResultBook:
     def clear(self) -> list[GPUResult]:
         """Let go of every result (the session has ended); returns them."""
         with self._lock:
-            every, self._all, self._framed = list(self._all), weakref.WeakSet(), {}
+            every, self._all = list(self._all), weakref.WeakSet()
             return every
+
+
+def _nothing() -> None:
+    """A frame source that is gone from the start (a frame that keeps nothing of its result's)."""
+
+
+def _may_be_read(result: weakref.ref[GPUResult], source: Callable[[], object | None]) -> bool:
+    """Whether a claimed result's frame may still be read by a plan: while its handle lives, until a query has read
+    the frame (or, released first, for good); once the handle is gone, while what the frame keeps lives."""
+    handle = result()
+    if handle is None:
+        return source() is not None
+    return handle.frame_out or handle.state == "released"

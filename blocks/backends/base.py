@@ -44,6 +44,11 @@ class PersistedResult(Protocol):
     def moved_out(self) -> bool:
         """Whether its partitions are in host memory now (moved out of the engine, not yet back)."""
 
+    @property
+    def frame_source(self) -> object | None:
+        """What a frame from :meth:`lazy` (and every query built on it) keeps alive, weakly referenceable: while it
+        lives, such a frame may still be read; ``None`` when the frame keeps nothing of this result's."""
+
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame whose scan moves the partitions out of the engine's store."""
 

@@ -108,6 +108,11 @@ class HostPersistedResult:
             raise RuntimeError("the result's partition has left the cpu backend's store (read or released)")
         return HostPersistedResult(self._uid, df.clone())
 
+    @property
+    def frame_source(self) -> HostPersistedResult:
+        """This result: its frame's scan holds it."""
+        return self
+
     def lazy(self) -> pl.LazyFrame:
         """A LazyFrame whose scan moves the partition out of the store; it keeps this result alive."""
 

@@ -89,6 +89,10 @@ class StreamingPersistedResult:
     def moved_out(self) -> bool:
         return self.packed is not None
 
+    @property
+    def frame_source(self) -> Any:
+        return self.query_result  # cudf-polars 26.10: each rank's loader in the frame's scan holds it
+
     def lazy(self) -> pl.LazyFrame:
         return self.query_result.lazy()
 

@@ -56,13 +56,15 @@ def is_s3_url(path: object) -> bool:
 
 def parse_s3_url(url: str) -> S3Location:
     """
-    Split an ``s3://bucket/key`` URL (one :func:`is_s3_url` accepts) into bucket and key.
+    Split ``s3://bucket/key`` into bucket and key.
 
     Raises
     ------
     ValueError
-        If ``url`` names no bucket.
+        If ``url`` is not an ``s3://`` URL with a bucket name.
     """
+    if not is_s3_url(url):
+        raise ValueError(f"{url!r} is not an s3:// URL (expected s3://bucket/key).")
     bucket, _, key = url[len("s3://") :].partition("/")
     if not bucket:
         raise ValueError(f"{url!r} names no bucket (expected s3://bucket/key).")

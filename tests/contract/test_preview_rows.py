@@ -22,6 +22,7 @@ from prefect import flow
 from api_reads import artifacts_of, task_runs_of
 from cudf_polars_import import cudf_polars_or_skip
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
+from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks.send_queue import wait_sent
 from prefect_cudf_polars.tasks import GPUResult, collect, execute, gpu_task
 
@@ -107,6 +108,18 @@ def head_of_a_dropped_result(engine: CudfPolarsEngine, orders) -> pl.DataFrame:
 def test_a_results_frame_keeps_the_result_alive_until_it_is_read(cpu_block, orders):
     """A frame from ``.lazy()`` holds its result until it is read, as cudf-polars 26.10's frames do."""
     assert_frame_equal(head_of_a_dropped_result(cpu_block, orders).sort("id"), expected_rows(orders, "head"))
+
+
+def test_a_claimed_result_nobody_can_read_any_more_is_freed_before_its_session_ends(cpu_block, orders):
+    """The session keeps neither the handle nor what its frame reads: once both are dropped, the partition goes."""
+    with cpu_block.session() as session:
+        before = held_partitions()
+        lf = session.execute(pl.scan_parquet(orders), name="orders").lazy()
+        assert held_partitions() == before + 1
+        assert wait_sent(60.0)
+        del lf
+        gc.collect()
+        assert held_partitions() == before
 
 
 def test_preview_forms_pass_the_gpu_support_check_on_the_cpu_backend(orders):
