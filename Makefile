@@ -72,7 +72,7 @@ worker: install
 # the whole card, so on a GPU machine it runs in this process (TEST_WORKERS=0).
 TEST_WORKERS ?= $(if $(GPU_EXTRA),0,2)
 test: install-test
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # The benchmark harness (benchmarks/README.md), e.g.
 #   make bench ARGS="--scale-factors 0.1 --backend cpu --out output/bench"

@@ -260,7 +260,8 @@ class EngineHost:
         try:
             return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
-            if future.cancelled() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            task = asyncio.current_task()
+            if future.cancelled() and (task is None or not task.cancelling()):
                 raise SessionError(self._ended()) from None  # the host shut down before the call started
             self._abandon(future, on_late)
             raise

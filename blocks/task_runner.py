@@ -70,6 +70,8 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     ... def pipeline(): ...
     """
 
+    session: EngineSession | None  # set from _FLOW_RUN_STATE
+
     #: The runner's state for one flow run, as it is outside any: set at ``__init__``, put back at ``__exit__`` (an
     #: ended flow run leaves nothing of its engine here) and pickled so. ``_interrupted``: an engine start was
     #: interrupted (a task's timeout, Ctrl-C, a cancellation).

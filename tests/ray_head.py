@@ -10,15 +10,20 @@ outcome then depends on which test ran first (Ray 2.60).
 Ray also keeps a token it loaded for the life of the process, so the fixture
 makes this process reload it after setting the head's token and after putting
 the environment back (``reload_auth_token``).
+``ray stop --force`` stops every Ray of the machine, so one head runs at a time
+among the test processes (``make test`` runs two): each holds a file lock for it.
 Test modules import the fixture (``from ray_head import ray_head``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from processes import free_port
@@ -54,6 +59,12 @@ def ray_head(request) -> str:
 
 
 def _head(request, env: dict[str, str]):
+    with open(Path(tempfile.gettempdir()) / "prefect-cudf-polars-tests-ray-head.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, after the stop
+        yield from _one_head(request, env)
+
+
+def _one_head(request, env: dict[str, str]):
     port = free_port()
     gpus = getattr(request, "param", None)
     started = ray_cli(
