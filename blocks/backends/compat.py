@@ -12,7 +12,6 @@ and import only what they use.
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
 import functools
 import logging
@@ -20,6 +19,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import polars as pl
@@ -267,12 +267,10 @@ def without_prefect_run_context(fn: Callable[[], Any]) -> Any:
 
     from prefect.context import FlowRunContext, TaskRunContext
 
-    def call() -> Any:
-        FlowRunContext.__var__.set(None)
-        TaskRunContext.__var__.set(None)
-        return fn()
-
-    return contextvars.copy_context().run(call)
+    context = contextvars.copy_context()
+    for var in (FlowRunContext.__var__, TaskRunContext.__var__):
+        context.run(var.set, None)
+    return context.run(fn)
 
 
 def send_run_log(flow_run_id: Any, task_run_id: Any, message: str, at: datetime.datetime | None = None) -> None:
@@ -299,9 +297,9 @@ def send_run_log(flow_run_id: Any, task_run_id: Any, message: str, at: datetime.
 PREFECT_SERVICES_LOGGER = "prefect._internal.concurrency"
 
 
-def is_timed_out_slot_request(record: logging.LogRecord) -> bool:
+def _keep_unless_timed_out_slot_request(record: logging.LogRecord) -> bool:
     """
-    Whether ``record`` is the ERROR Prefect logs when one request for concurrency slots times out.
+    A logging filter that drops the ERROR Prefect logs when one request for concurrency slots times out.
 
     ``concurrency(..., timeout_seconds=...)`` queues its request on a
     ``ConcurrencySlotAcquisitionWithLeaseService``; in Prefect 3.9.1 a request
@@ -309,24 +307,16 @@ def is_timed_out_slot_request(record: logging.LogRecord) -> bool:
     ``FutureQueueService._handle`` sets on the caller's future (the item's last
     element; the caller gets it as ``AcquireConcurrencySlotTimeoutError``) and
     re-raises, and ``_main_loop`` then logs ``"Service %r failed to process item
-    %r"`` at ERROR on :data:`PREFECT_SERVICES_LOGGER`. Any other failure of the
-    service, or of another service, is not this record.
+    %r"`` (the service's class name, the item) at ERROR on
+    :data:`PREFECT_SERVICES_LOGGER`. The request's caller gets the
+    ``TimeoutError`` itself; any other failure of the service, or of another
+    service, is kept.
     """
-    if record.msg != "Service %r failed to process item %r" or not isinstance(record.args, tuple) \
-            or len(record.args) != 2:
-        return False
-    service, item = record.args
-    if not isinstance(item, tuple) or not item:
-        return False
-    future = item[-1]
-    return (service == "ConcurrencySlotAcquisitionWithLeaseService" and isinstance(future, concurrent.futures.Future)
-            and future.done() and not future.cancelled() and isinstance(future.exception(), TimeoutError))
-
-
-def _keep_unless_timed_out_slot_request(record: logging.LogRecord) -> bool:
-    """A logging filter that drops :func:`is_timed_out_slot_request` records: the request's caller gets the
-    ``TimeoutError`` itself."""
-    return not is_timed_out_slot_request(record)
+    match record.msg, record.args:
+        case ("Service %r failed to process item %r",
+              tuple(("ConcurrencySlotAcquisitionWithLeaseService", tuple((*_, Future() as future))))):
+            return not (future.done() and not future.cancelled() and isinstance(future.exception(), TimeoutError))
+    return True
 
 
 def quiet_timed_out_slot_requests() -> None:
@@ -338,9 +328,8 @@ def quiet_timed_out_slot_requests() -> None:
     longer than one request timed out one; the wait's own lines say what it
     waits for.
     """
-    services = logging.getLogger(PREFECT_SERVICES_LOGGER)
-    if _keep_unless_timed_out_slot_request not in services.filters:
-        services.addFilter(_keep_unless_timed_out_slot_request)
+    # Filterer.addFilter adds a filter once.
+    logging.getLogger(PREFECT_SERVICES_LOGGER).addFilter(_keep_unless_timed_out_slot_request)
 
 
 # ---- CPython 3.11-3.13 ---------------------------------------------------------------
