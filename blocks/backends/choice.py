@@ -17,12 +17,9 @@ from prefect_cudf_polars.blocks.backends.base import RunningEngine
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import SAVE_ENGINE, USE_CPU, NoGPUError
 
-#: The module that starts each backend (imported only when that backend runs:
-#: the GPU ones import cudf-polars).
-BACKEND_MODULES = {"cpu": "prefect_cudf_polars.blocks.backends.cpu",
-                   "spmd": "prefect_cudf_polars.blocks.backends.streaming",
-                   "dask": "prefect_cudf_polars.blocks.backends.dask.engine",
-                   "ray": "prefect_cudf_polars.blocks.backends.ray.engine"}
+#: The module of ``prefect_cudf_polars.blocks.backends`` that starts each backend (imported only when that
+#: backend runs: the GPU ones import cudf-polars).
+BACKEND_MODULES = {"cpu": "cpu", "spmd": "streaming", "dask": "dask.engine", "ray": "ray.engine"}
 
 
 def resolve_backend(block: CudfPolarsEngine) -> tuple[str, str | None]:
@@ -97,4 +94,5 @@ def start_backend(backend: str, block: CudfPolarsEngine, stack: ExitStack, limit
         What the backend raises when its engine cannot start (what it entered
         into ``stack`` is the caller's to close).
     """
-    return importlib.import_module(BACKEND_MODULES[backend]).start(block, stack, limit)
+    module = importlib.import_module(f"prefect_cudf_polars.blocks.backends.{BACKEND_MODULES[backend]}")
+    return module.start(block, stack, limit)
