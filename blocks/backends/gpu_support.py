@@ -89,15 +89,13 @@ class GPUSupportCheck:
             Checking, or not checking with the reason in :attr:`status`.
         """
         try:
-            import cudf_polars
-            from cudf_polars import Translator
+            from cudf_polars import Translator, __version__ as version
         except Exception as exc:  # a missing wheel: ImportError; a broken one: OSError and others
             missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("cudf_polars")
             why = ("cudf-polars is not installed here" if missing else
                    f"cudf-polars cannot be imported here ({type(exc).__name__}: {exc})")
             return cls(f"GPU support not checked: {why}; install the check extra ({INSTALL.format(extra='check')}) "
                        "to refuse on the CPU what the GPU would refuse")
-        version = cudf_polars.__version__
         try:
             # The streaming executor with the block's options, and a nominal GPU memory size unless the block sets one.
             options = {"min_device_size": NOMINAL_DEVICE_BYTES, **block.executor_settings()}
