@@ -252,11 +252,8 @@ class MemoryLedger:
 
     def _by_rank(self, results: Iterable[GPUResult]) -> list[int]:
         """Bytes ``results`` hold on each rank."""
-        totals = [0] * self.ranks
-        for result in results:
-            for rank, size in enumerate(held_by_rank(result)[:self.ranks]):
-                totals[rank] += size
-        return totals
+        held = [held_by_rank(result) for result in results]
+        return [sum(sizes[rank] for sizes in held if len(sizes) > rank) for rank in range(self.ranks)]
 
     def make_room(self, read: Mapping[str, GPUResult], running: RunningEngine, *, keep: GPUResult | None = None,
                   refuse: bool = True) -> list[GPUResult]:
