@@ -66,8 +66,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 def drop_frame_locals(exc: BaseException) -> None:
     """Clear the local variables of the finished frames in the tracebacks of ``exc`` and everything inside it."""
     for e in iter_exceptions(exc):
-        if e.__traceback__ is not None:
-            traceback.clear_frames(e.__traceback__)
+        traceback.clear_frames(e.__traceback__)  # a no-op for None
 
 
 def raise_engine_error(exc: BaseException, *, note: str | None = None) -> NoReturn:
