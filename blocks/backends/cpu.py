@@ -56,17 +56,6 @@ def _drop(uid: str, query_id: uuid.UUID) -> None:
         _stores.get(uid, {}).pop(query_id, None)
 
 
-def _pop(uid: str, query_id: uuid.UUID) -> pl.DataFrame:
-    with _lock:
-        store = _stores.get(uid)
-        if store is None:
-            raise RuntimeError("The persisted query result's store no longer exists (its engine was shut down "
-                               f"since it produced the result): {RUN_PRODUCER_AGAIN}.")
-        if query_id not in store:
-            raise RuntimeError(CONSUMED_MESSAGE)
-        return store.pop(query_id)
-
-
 class HostPersistedResult:
     """
     Host-resident counterpart of cudf-polars' ``PersistedQueryResult``.
@@ -121,7 +110,14 @@ class HostPersistedResult:
             if with_columns is not None and len(with_columns) == 0:
                 # cudf-polars 26.10's PersistedSource refuses this before it reads the partition.
                 raise NotImplementedError(ZERO_COLUMN_MESSAGE)
-            df = _pop(self._uid, self._query_id)
+            with _lock:
+                store = _stores.get(self._uid)
+                if store is None:
+                    raise RuntimeError("The persisted query result's store no longer exists (its engine was shut "
+                                       f"down since it produced the result): {RUN_PRODUCER_AGAIN}.")
+                if self._query_id not in store:
+                    raise RuntimeError(CONSUMED_MESSAGE)
+                df = store.pop(self._query_id)
             if with_columns is not None:
                 df = df.select(with_columns)
             if predicate is not None:
