@@ -196,10 +196,9 @@ def connect(block: CudfPolarsEngine, *,
         raise DaskClusterError(f"The Dask scheduler at {address} did not answer within {block.dask_connect_timeout:g} "
                                f"s ({type(exc).__name__}: {exc}). Check the address and that the scheduler runs, or "
                                f"{LOCAL_CLUSTER}.") from exc
-    connection = DaskConnection(client=client, cluster=None, address=address)
     try:
         check_gpu_workers(client.run(worker_gpu_report), address)
     except BaseException:
-        connection.close()
+        client.close()
         raise
-    return connection
+    return DaskConnection(client=client, cluster=None, address=address)
