@@ -69,7 +69,8 @@ def summary_markdown(summary: dict[str, Any], results: list[dict[str, Any]], unl
         ("device memory limit", format_bytes(held["limit"]) if held["limit"] else "none"),
         ("peak held by results", format_bytes(held["peak_held"])), ("spill_results", held["spill_results"]),
         ("moved to host memory", f"{spills['results']} result(s), {format_bytes(spills['bytes'])}, {spills['out_seconds']:.3f} s"
-         + "".join(f"; {n} by {route}" for route, n in sorted(spills.get("routes", {}).items()))),
+         + "".join(f"; {n} by {route}" for route, n in sorted(spills.get("routes", {}).items()))
+         + (f"; {spills['on_demand']} on a running query's demand" if spills.get("on_demand") else "")),
         ("read back from host memory", f"{spills['back']} result(s), {format_bytes(spills['back_bytes'])}" + (
             f", {spills['back_seconds']:.3f} s of pinned copies back" if spills.get("back_seconds") else "")),
         ("teardown", summary["teardown"]), ("Dask dashboard", summary.get("dashboard") or "none (no Dask cluster)"),

@@ -18,7 +18,7 @@ import pytest
 from polars.testing import assert_frame_equal
 from prefect import flow
 
-from api_reads import events_of
+from api_reads import artifacts_of, events_of
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.blocks.backends.cpu import held_partitions
 from prefect_cudf_polars.blocks.memory import held_budget, over_budget
@@ -159,7 +159,8 @@ def test_a_query_whose_result_does_not_fit_beside_the_held_results_gets_room_on_
             return None, [collect(r) for r in held], get_engine_session().summary()["held"]
         return collect(state.result()), [collect(r) for r in held], get_engine_session().summary()["held"]
 
-    got_big, tables, held = pipeline()
+    state = pipeline(return_state=True)
+    got_big, tables, held = state.result()
     for i, got in enumerate(tables):
         assert_frame_equal(got, table(i).collect())
     spills = held["spills"]
@@ -169,6 +170,8 @@ def test_a_query_whose_result_does_not_fit_beside_the_held_results_gets_room_on_
         assert_frame_equal(got_big, big.collect())
         # table-0 moves out while the query runs; after it, the held budget moves table-1 too
         assert spills["on_demand"] == 1 and spills["results"] == spills["back"] == 2, spills
+        [summary] = artifacts_of(flow_run_id=state.state_details.flow_run_id)  # the session's summary
+        assert "1 on a running query's demand" in summary.data, summary.data
     assert held_partitions() == 0
 
 
