@@ -8,7 +8,7 @@ always :func:`~prefect_cudf_polars.tasks.calls.retry_unless_cannot_recompute`
 first, then the user's own (given to the decorator or to ``with_options``):
 an attempt that failed with ``CannotRecomputeError`` is never retried. And a
 run submitted with ``.submit()`` or ``.map()`` is registered with the innermost session provider
-(its ``serve``). A ``with block.session():`` then waits for the GPU task runs submitted inside it
+(:func:`serve_futures`). A ``with block.session():`` then waits for the GPU task runs submitted inside it
 before it ends (bounded by the block's ``teardown_timeout``); a
 ``CudfPolarsTaskRunner`` needs no registration (Prefect's thread pool waits
 for its task runs before the runner closes the session).
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prefect import Task
@@ -53,6 +53,13 @@ async def _after_session_opens(run: Any) -> Any:
     return await run
 
 
+def serve_futures(futures: Iterable[Any]) -> None:
+    """Tell the innermost session provider that each of ``futures`` is a GPU task run it serves."""
+    if (provider := innermost()) is not None:
+        for future in futures:
+            provider.serve(future)
+
+
 class GPUTask(Task):  # type: ignore[type-arg]
     """A Prefect task that never retries what cannot be recomputed, and whose submitted runs keep a session open."""
 
@@ -73,8 +80,8 @@ class GPUTask(Task):  # type: ignore[type-arg]
         loop's thread; await a GPU task first there to start it off the loop."""
         open_session_first()
         submitted = super().submit(*args, **kwargs)
-        if not kwargs.get("return_state") and (provider := innermost()) is not None:
-            provider.serve(submitted)
+        if not kwargs.get("return_state"):
+            serve_futures([submitted])
         return submitted
 
     def map(self, *args: Any, **kwargs: Any) -> Any:
@@ -82,9 +89,8 @@ class GPUTask(Task):  # type: ignore[type-arg]
         future is served by the innermost session."""
         open_session_first()
         submitted = super().map(*args, **kwargs)
-        if not (kwargs.get("return_state") or kwargs.get("deferred")) and (provider := innermost()) is not None:
-            for future in submitted:
-                provider.serve(future)
+        if not (kwargs.get("return_state") or kwargs.get("deferred")):
+            serve_futures(submitted)
         return submitted
 
     def with_options(self, *args: Any, **kwargs: Any) -> GPUTask:
