@@ -416,6 +416,11 @@ def fused_steps(claimed: Sequence[GPUResult]) -> tuple[FusedStep, ...]:
     return tuple(step for result in claimed if result.deferred for step in result.fused)
 
 
+def claimed_by(results: Sequence[GPUResult], run: RunIdentity) -> list[GPUResult]:
+    """The ``results`` that ``run`` claimed (:meth:`GPUResult.claimed_in`)."""
+    return [r for r in results if r.claimed_in(run)]
+
+
 # Results inside lists and dicts: Prefect hashes inputs as JSON first, and pydantic
 # serializes objects that carry a __pydantic_serializer__ with it; the same JSON form
 # refuses every other caller (see persistence.py).

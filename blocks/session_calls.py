@@ -29,7 +29,7 @@ from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
 from prefect_cudf_polars.blocks.memory import read_by
 from prefect_cudf_polars.blocks.result_book import ResultBook
-from prefect_cudf_polars.blocks.results import GPUResult, fused_steps
+from prefect_cudf_polars.blocks.results import GPUResult, claimed_by, fused_steps
 from prefect_cudf_polars.blocks.runs import RunIdentity, current_run
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class EngineCalls:
               lineage: Lineage | None = None) -> PendingCall:
         """Queue one engine call on the owner thread: the whole of it runs there (:meth:`_on_owner`)."""
         host, run = self._check_open(), current_run()
-        claimed = [r for r in inputs if r.claimed_in(run)]
+        claimed = claimed_by(inputs, run)
         call = PendingCall(host, fused_steps(claimed), run, name or "query", self._finished, self._late)
         call.future = host.submit(self._on_owner, kind, lf, claimed, call, environment, lineage)
         return call
@@ -241,7 +241,7 @@ class EngineCalls:
             exc.add_note(f"Raised by the deferred step {name!r}: a deferred step resolves its query's schema "
                          "and checks its plan before the task that reads it runs it.")
             raise
-        held = tuple(r for r in inputs if r.claimed_in(run))
+        held = tuple(claimed_by(inputs, run))
         own = step or FusedStep(name, run.name, run.task_run_id)
         result = GPUResult(HeldPlan(lf, schema, held, (*fused_steps(held), own)), owner=self, name=name, run=run,
                            lineage=lineage or Lineage.of_query(lf, deferred=True))
