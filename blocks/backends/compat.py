@@ -43,14 +43,13 @@ def plan_visitor(lf: pl.LazyFrame) -> Any:
 
 
 # ---- cudf-polars 26.10.2 ---------------------------------------------------------------
-def persisted_layout(query_result: Any) -> tuple[pl.Schema, list[int]]:
-    """A ``PersistedQueryResult``'s output schema and producing ranks (``_schema``, ``_ranks``: no public accessor)."""
-    return pl.Schema(query_result._schema), list(query_result._ranks)
+def persisted_layout(query_result: Any) -> tuple[pl.Schema, list[int], tuple[str, str]]:
+    """
+    A ``PersistedQueryResult``'s output schema, producing ranks, and store uid and query id (for :func:`rank_reading`).
 
-
-def persisted_key(query_result: Any) -> tuple[str, str]:
-    """A ``PersistedQueryResult``'s store uid and query id (``_uid``, ``_query_id``), for :func:`rank_reading`."""
-    return query_result._uid, str(query_result._query_id)
+    ``_schema``, ``_ranks``, ``_uid``, ``_query_id``: no public accessor.
+    """
+    return pl.Schema(query_result._schema), list(query_result._ranks), (query_result._uid, str(query_result._query_id))
 
 
 def forget_persisted(query_result: Any) -> None:

@@ -76,13 +76,15 @@ class StreamingPersistedResult:
         What ``engine.execute(lf)`` returned.
     schema : polars.Schema
     ranks : list of int
+    key : tuple of (str, str)
+        Its store uid and query id, as :func:`~prefect_cudf_polars.blocks.backends.compat.rank_reading` takes them.
     """
 
-    __slots__ = ("packed", "query_result", "ranks", "schema")
+    __slots__ = ("key", "packed", "query_result", "ranks", "schema")
 
     def __init__(self, query_result: Any) -> None:
         self.query_result = query_result
-        self.schema, self.ranks = compat.persisted_layout(query_result)
+        self.schema, self.ranks, self.key = compat.persisted_layout(query_result)
         self.packed: list[compat.PackedPartition] | None = None  # its partitions while in pinned host memory
 
     @property
@@ -201,7 +203,7 @@ class StreamingRunningEngine(RunningEngine):
             return self._pinned
 
     def read(self, persisted: Any = None) -> Reading:
-        key = compat.persisted_key(persisted.query_result) if persisted is not None else ()
+        key = persisted.key if persisted is not None else ()
         per_rank = ([compat.rank_reading(*key)] if self.backend == "spmd"  # one rank, this process: no collective
                     else compat.run_on_ranks(self.engine, compat.rank_reading, *key))
         memory = [r[0] for r in per_rank]
