@@ -52,14 +52,13 @@ def explain_connect_failure(address: str, exc: BaseException) -> RayClusterError
         otherwise it says nothing answered as a Ray cluster at ``address``.
     """
     if any(_AUTH_FAILURE in str(cause) for cause in iter_exceptions(exc)):
-        mode = os.environ.get("RAY_AUTH_MODE", "unset")
         return RayClusterError(
             f"The Ray cluster at {address} requires token authentication, and this process sent no valid token "
-            f"(RAY_AUTH_MODE is {mode}). Set RAY_AUTH_MODE=token in the flow run's environment (for a deployment: the "
-            "work pool's or deployment's `env` job variable), with the cluster's token in ~/.ray/auth_token or "
-            "RAY_AUTH_TOKEN. Note: `ray start --head` turns token authentication on by itself when ~/.ray/auth_token "
-            "exists, which a local Ray (backend='ray' without ray_address) writes. "
-            "See https://docs.ray.io/en/latest/ray-security/token-auth.html")
+            f"(RAY_AUTH_MODE is {os.environ.get('RAY_AUTH_MODE', 'unset')}). Set RAY_AUTH_MODE=token in the flow "
+            "run's environment (for a deployment: the work pool's or deployment's `env` job variable), with the "
+            "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN. Note: `ray start --head` turns token "
+            "authentication on by itself when ~/.ray/auth_token exists, which a local Ray (backend='ray' without "
+            "ray_address) writes. See https://docs.ray.io/en/latest/ray-security/token-auth.html")
     return RayClusterError(
         f"Nothing answered as a Ray cluster at {address} ({type(exc).__name__}: {exc}). Check ray_address (host:port "
         "of the head's GCS, as `ray start --head` prints), that the head is running (`ray status --address ...`), and "

@@ -20,7 +20,7 @@ from contextlib import ExitStack
 
 from prefect_cudf_polars.blocks.backends.compat import disable_ray_failure_signal_handler, reload_ray_auth_token
 from prefect_cudf_polars.blocks.backends.ray.connect import explain_connect_failure
-from prefect_cudf_polars.blocks.backends.ray.head import start_local_head
+from prefect_cudf_polars.blocks.backends.ray.head import LocalHead
 from prefect_cudf_polars.blocks.backends.streaming import StreamingRunningEngine, limited_engine_kwargs
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import INSTALL, NoGPUError
@@ -53,7 +53,7 @@ def start(block: CudfPolarsEngine, stack: ExitStack, limit: int | None = None) -
         # cudf-polars 26.10 then uses the Ray this process started, and leaves it running.
         init, cluster = {}, "the Ray this process started (left running)"
     else:
-        head = start_local_head()
+        head = LocalHead()
         stack.callback(head.stop)
         init, cluster = {"address": head.address}, "owned local Ray"
     try:

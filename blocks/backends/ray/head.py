@@ -64,7 +64,7 @@ def _answers(port: int) -> bool:
 
 class LocalHead:
     """
-    A ``ray start --head`` this session started and stops.
+    A ``ray start --head`` this session starts (on its owner thread, when built) and stops.
 
     Attributes
     ----------
@@ -72,6 +72,11 @@ class LocalHead:
         ``127.0.0.1:<port>``, for ``ray.init(address=...)``.
     process : subprocess.Popen
         The ``ray start --block`` process (its process group holds the node).
+
+    Raises
+    ------
+    RayClusterError
+        When the head ends or does not answer within :data:`START_TIMEOUT_S` seconds.
     """
 
     def __init__(self) -> None:
@@ -101,7 +106,7 @@ class LocalHead:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _answers(port):
             if self.process.poll() is not None:
-                said = (self.process.stderr.read() if self.process.stderr else b"").decode(errors="replace")
+                said = self.process.stderr.read().decode(errors="replace")
                 raise RayClusterError(f"The local Ray head for this session (ray start --head, port {port}) ended with "
                                       f"exit status {self.process.returncode} before it answered: {said[-2000:]}")
             if time.monotonic() > deadline:
@@ -119,23 +124,6 @@ class LocalHead:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):  # a process SIGKILL could not end: nothing more to do
             self.process.wait(timeout=10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
+        self.process.stderr.close()
         apply_environment(self._saved)
         reload_ray_auth_token()
-
-
-def start_local_head() -> LocalHead:
-    """
-    Start a local Ray head for one session (call on the session's owner thread).
-
-    Returns
-    -------
-    LocalHead
-
-    Raises
-    ------
-    RayClusterError
-        When the head ends or does not answer within :data:`START_TIMEOUT_S` seconds.
-    """
-    return LocalHead()

@@ -18,11 +18,11 @@ import time
 import psutil
 
 from prefect_cudf_polars.blocks.backends.compat import disable_ray_failure_signal_handler
-from prefect_cudf_polars.blocks.backends.ray.head import start_local_head
+from prefect_cudf_polars.blocks.backends.ray.head import LocalHead
 
 if __name__ == "__main__":
     disable_ray_failure_signal_handler()
-    head = start_local_head()
+    head = LocalHead()
     import ray
 
     ray.init(address=head.address)
