@@ -17,11 +17,9 @@ import os
 from prefect_cudf_polars.blocks.errors import INSTALL_RAPIDS
 
 # CUDA driver API status codes (cuda.h, CUresult).
-_CUDA_ERRORS = {
-    35: "CUDA_ERROR_INSUFFICIENT_DRIVER: the NVIDIA driver is older than the CUDA runtime",
-    100: "CUDA_ERROR_NO_DEVICE: the driver sees no GPU (check CUDA_VISIBLE_DEVICES)",
-    999: "CUDA_ERROR_UNKNOWN",
-}
+_CUDA_ERRORS = {35: "CUDA_ERROR_INSUFFICIENT_DRIVER: the NVIDIA driver is older than the CUDA runtime",
+                100: "CUDA_ERROR_NO_DEVICE: the driver sees no GPU (check CUDA_VISIBLE_DEVICES)",
+                999: "CUDA_ERROR_UNKNOWN"}
 
 
 @dataclasses.dataclass(frozen=True)
