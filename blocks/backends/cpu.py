@@ -144,8 +144,7 @@ class CpuRunningEngine(RunningEngine):
 
     def __init__(self, gpu_support: GPUSupportCheck, raise_on_fail: bool) -> None:
         self.uid = uuid.uuid4().hex
-        self.gpu_support = gpu_support
-        self.raise_on_fail = raise_on_fail
+        self.gpu_support, self.raise_on_fail = gpu_support, raise_on_fail
         with _lock:
             _stores[self.uid] = {}
 
