@@ -100,8 +100,7 @@ class GPUSupportCheck:
             # The streaming executor with the block's options, and a nominal GPU memory size unless the block sets one.
             options = {"min_device_size": NOMINAL_DEVICE_BYTES, **block.executor_settings()}
             engine = pl.GPUEngine(raise_on_fail=True, executor="streaming", executor_options=options)
-            trial = pl.LazyFrame({"a": [1]}).select(pl.col("a") + 1)
-            Translator(plan_visitor(trial), engine).translate_ir()
+            Translator(plan_visitor(pl.LazyFrame({"a": [1]}).select(pl.col("a") + 1)), engine).translate_ir()
         except Exception as exc:
             return cls(f"GPU support not checked: cudf-polars {version} cannot translate plans "
                        f"here with this block's options ({type(exc).__name__}: {exc})")
