@@ -161,9 +161,7 @@ class StreamingRunningEngine(RunningEngine):
     def execute(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> StreamingPersistedResult:
         if not (flags.slice_pushdown and flags.comm_subplan_elim):  # execute() takes no flags: carry them
             lf = compat.with_optimizations(lf, flags)
-        query_result = self.engine.execute(lf)
-        self._produced.add(query_result)
-        return StreamingPersistedResult(query_result)
+        return self._produced_result(self.engine.execute(lf))
 
     def collect(self, lf: pl.LazyFrame, flags: pl.QueryOptFlags) -> pl.DataFrame:
         return lf.collect(engine=self.engine, optimizations=flags)
@@ -184,7 +182,10 @@ class StreamingRunningEngine(RunningEngine):
     def copy(self, persisted: Any) -> StreamingPersistedResult | None:
         if self.backend != "spmd" or persisted.packed is not None:
             return None
-        query_result = compat.copy_persisted(persisted.query_result)
+        return self._produced_result(compat.copy_persisted(persisted.query_result))
+
+    def _produced_result(self, query_result: Any) -> StreamingPersistedResult:
+        """``query_result``, which this engine just produced, as the session sees it; its shutdown knows it too."""
         self._produced.add(query_result)
         return StreamingPersistedResult(query_result)
 
