@@ -151,9 +151,8 @@ def copy_persisted(query_result: Any) -> Any:
 
     from cudf_polars.engine.persisted_result import PersistedQueryResult
 
-    backend = query_result._finalizer.peek()[1].__self__
-    copy = PersistedQueryResult(backend, query_result._uid, uuid.uuid4(), list(query_result._ranks),
-                                dict(query_result._schema))
+    copy = PersistedQueryResult(query_result._finalizer.peek()[1].__self__, query_result._uid, uuid.uuid4(),
+                                list(query_result._ranks), dict(query_result._schema))
     unpack_partitions(copy, pack_partitions(query_result, take=False), device_copy=False)
     return copy
 
