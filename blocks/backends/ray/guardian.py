@@ -51,8 +51,7 @@ def main(argv: list[str]) -> int:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != int(argv[0]):  # the parent ended before the signal was armed
         end_session()
-    child = subprocess.Popen([sys.executable, "-c", "from ray.scripts.scripts import main; main()", *argv[1:]])
-    return child.wait()
+    return subprocess.Popen([sys.executable, "-c", "from ray.scripts.scripts import main; main()", *argv[1:]]).wait()
 
 
 if __name__ == "__main__":
