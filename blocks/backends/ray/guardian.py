@@ -37,12 +37,16 @@ def session_members(sid: int) -> list[int]:
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _session_of(entry) == sid]
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``, its leader (pid ``sid``) included, but this one."""
+    for pid in {sid, *session_members(sid)} - {os.getpid()}:
+        with contextlib.suppress(OSError):  # ended already
+            os.kill(pid, signal.SIGKILL)
+
+
 def end_session(*_: object) -> None:
     """SIGKILL every other process of this session, then exit."""
-    me = os.getpid()
-    for pid in set(session_members(me)) - {me}:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    kill_session(os.getpid())
     os._exit(0)
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 from prefect_cudf_polars.blocks.backends.compat import reload_ray_auth_token
 from prefect_cudf_polars.blocks.backends.environment import apply_environment
 from prefect_cudf_polars.blocks.backends.ray.connect import RayClusterError
-from prefect_cudf_polars.blocks.backends.ray.guardian import session_members
+from prefect_cudf_polars.blocks.backends.ray.guardian import kill_session
 
 #: Seconds to wait for the head's GCS port to answer.
 START_TIMEOUT_S = 60.0
@@ -119,9 +118,7 @@ class LocalHead:
         """Kill every process of the head's session, wait for it, put this process's Ray token back (idempotent)."""
         # Ray's worker processes lead process groups of their own inside the head's
         # session (Ray 2.60), so the whole session is killed, not only the head's group.
-        for pid in [self.process.pid, *session_members(self.process.pid)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_session(self.process.pid)  # the guardian leads it
         with contextlib.suppress(subprocess.TimeoutExpired):  # a process SIGKILL could not end: nothing more to do
             self.process.wait(timeout=10)
         self.process.stderr.close()
