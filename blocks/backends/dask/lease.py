@@ -88,8 +88,7 @@ class WorkerStateLease(SchedulerPlugin):
     """
 
     def __init__(self, client_id: str, cleanup: Callable[..., Any], name: str) -> None:
-        self.client_id = client_id
-        self.name = name
+        self.client_id, self.name = client_id, name
         self.cleanup_name = getattr(cleanup, "func", cleanup).__qualname__
         self._cleanup = dumps(cleanup)
         self._task: asyncio.Task | None = None
