@@ -27,11 +27,10 @@ def enrich_flights(flights: pl.LazyFrame, weather: pl.LazyFrame, planes: pl.Lazy
     (minutes), precip (inches), visib (miles), wind_speed (mph), plane_year.
     """
     hourly = weather.group_by(WEATHER_KEYS).agg(pl.col("precip", "visib", "wind_speed").mean())
-    plane_years = planes.select("tailnum", pl.col("year").alias("plane_year"))
     return (
         flights.filter(pl.col("arr_delay").is_not_null())
         .join(hourly, on=WEATHER_KEYS, how="left")
-        .join(plane_years, on="tailnum", how="left")
+        .join(planes.select("tailnum", pl.col("year").alias("plane_year")), on="tailnum", how="left")
         .select(*ROUTE, "month", "dep_delay", "arr_delay", "precip", "visib", "wind_speed", "plane_year")
     )
 
@@ -77,11 +76,10 @@ def worst_routes(monthly: pl.LazyFrame, airlines: pl.LazyFrame, airports: pl.Laz
         pl.col("mean_arr_delay").max().alias("worst_month_delay"),
         (pl.col("mean_arr_delay") > 30).cast(pl.Int64).sum().alias("bad_months"),
     )
-    names = airports.select(pl.col("faa").alias("dest"), pl.col("name").alias("dest_name"))
     return (
         per_route.filter(pl.col("flights") >= min_flights)
         .join(airlines.rename({"name": "airline"}), on="carrier", how="left")
-        .join(names, on="dest", how="left")
+        .join(airports.select(pl.col("faa").alias("dest"), pl.col("name").alias("dest_name")), on="dest", how="left")
         .select(
             "carrier", "airline", "origin", "dest", "dest_name", "flights",
             (pl.col("arr_delay_sum") / pl.col("flights")).alias("mean_arr_delay"),
