@@ -248,8 +248,7 @@ class SessionTelemetry:
                                              "engine_start_s": start_seconds, "fallback_warning": fallback_warning})
 
     def result_created(self, result: Any, plan: str | Callable[[], str] | None, memory: int | None,
-                       engine_plan: str | None = None,
-                       reads: list[dict[str, Any]] = []) -> None:  # noqa: B006
+                       engine_plan: str | None = None, reads: list[dict[str, Any]] = []) -> None:  # noqa: B006
         """
         A result was produced: a line on its run's log, ``result.created`` with its facts; with
         ``result_artifacts``, its artifact too.
