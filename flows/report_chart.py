@@ -47,7 +47,7 @@ def carrier_month_chart(delays: pl.DataFrame, path: Path, *, title: str) -> Path
 
     grid = delays.pivot("month", index="carrier", values="mean_arr_delay", sort_columns=True).sort("carrier")
     months = [c for c in grid.columns if c != "carrier"]
-    fig = Figure(figsize=(10, 0.45 * grid.height + 2))
+    fig = Figure(figsize=(10, 0.45 * grid.height + 2), layout="tight")  # laid out when saved
     ax = fig.add_subplot()
     # Colour limits from the 2nd and 98th percentiles: a carrier with a handful of
     # flights in a month (OO) would otherwise wash out every other cell.
@@ -57,6 +57,5 @@ def carrier_month_chart(delays: pl.DataFrame, path: Path, *, title: str) -> Path
     ax.set_yticks(range(grid.height), labels=grid["carrier"].to_list())
     ax.set(xlabel="month (2013); blank: no flights", ylabel="carrier", title=title)
     fig.colorbar(image, ax=ax, label="mean arrival delay (min)")
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
