@@ -112,9 +112,8 @@ def print_report(report: pl.DataFrame, *, backend: str, console: Console) -> Non
                   *(Column(name, justify="right") for name in numbers),
                   title=f"Worst routes of 2013 by mean arrival delay (backend: {backend})")
     for i, row in enumerate(report.iter_rows(named=True), start=1):
-        table.add_row(
-            str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
-            *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")))
+        table.add_row(str(i), row["carrier"], row["origin"], row["dest"], row["dest_name"] or "", f"{row['flights']:,}",
+                      *(f"{row[name]:.1f}" for name in ("mean_arr_delay", "pct_delayed_15", "worst_month_delay")))
     console.print(table)
 
 

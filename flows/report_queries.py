@@ -48,8 +48,7 @@ def route_month_delays(enriched: pl.LazyFrame) -> pl.LazyFrame:
     return enriched.group_by([*ROUTE, "month"]).agg(
         pl.len().alias("flights"),
         pl.col("arr_delay").sum().alias("arr_delay_sum"),
-        pl.col("arr_delay").mean().alias("mean_arr_delay"),
-        pl.col("dep_delay").mean().alias("mean_dep_delay"),
+        pl.col("arr_delay", "dep_delay").mean().name.prefix("mean_"),
         (pl.col("arr_delay") > 15).cast(pl.Int64).sum().alias("delayed_15"),
         (pl.col("precip") > 0).cast(pl.Int64).sum().alias("rainy"),
     )
@@ -83,8 +82,7 @@ def worst_routes(monthly: pl.LazyFrame, airlines: pl.LazyFrame, airports: pl.Laz
         .select(
             "carrier", "airline", "origin", "dest", "dest_name", "flights",
             (pl.col("arr_delay_sum") / pl.col("flights")).alias("mean_arr_delay"),
-            (100.0 * pl.col("delayed_15") / pl.col("flights")).alias("pct_delayed_15"),
-            (100.0 * pl.col("rainy") / pl.col("flights")).alias("pct_rainy"),
+            (pl.col("delayed_15", "rainy") * 100.0 / pl.col("flights")).name.prefix("pct_"),
             "worst_month_delay", "bad_months",
         )
         .sort(["mean_arr_delay", *ROUTE], descending=[True, False, False, False])
