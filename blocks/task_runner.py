@@ -107,8 +107,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     @property
     def provided_session(self) -> EngineSession | None:
         """The session if it is open now (opens nothing)."""
-        session = self.session
-        return session if session is not None and not session.closed else None
+        return getattr(self.session, "provided_session", None)
 
     def provide_session(self) -> EngineSession:
         """
@@ -144,10 +143,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
                     self._interrupted = True
                     raise
             session = self.session
-        if session.closed:
-            raise SessionError(session.ended_message())
-        session.announce()
-        return session
+        return session.provide_session()
 
     def serve(self, future: Any) -> None:
         """Nothing to do: Prefect's thread pool waits for its task runs before ``__exit__`` closes the session."""
