@@ -261,8 +261,7 @@ class EngineSession(EngineCalls):
 
     def provide_session(self) -> EngineSession:
         """This session, for the code inside its with block (announced there); ``SessionError`` once it has ended."""
-        if self.closed:
-            raise SessionError(self.ended_message())
+        self._check_open()
         self.announce()
         return self
 
