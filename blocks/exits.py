@@ -60,11 +60,10 @@ def _close_open_sessions() -> None:
     for session in sessions:
         live = session.live_results
         named = ", ".join(f"{r.name!r} (id {r.id})" for r in live)
-        warnings.warn(
-            f"cudf-polars engine session {session.id} ({session.backend}) was still open when the interpreter "
-            f"exited; its teardown now releases {len(live)} live result(s){': ' + named if named else ''}. Close "
-            "the session (leave `with block.session():`, or use CudfPolarsTaskRunner) so results are released "
-            "when the flow run ends.", RuntimeWarning, stacklevel=1)
+        warnings.warn(f"cudf-polars engine session {session.id} ({session.backend}) was still open when the "
+                      f"interpreter exited; its teardown now releases {len(live)} live "
+                      f"result(s){': ' + named if named else ''}. Close the session (leave `with block.session():`, or "
+                      "use CudfPolarsTaskRunner) so results are released when the flow run ends.", RuntimeWarning)
         try:
             session.close_at_exit()
         except Exception as exc:  # the engine failed at exit

@@ -127,9 +127,8 @@ class EngineCalls:
         keywords (``options``: ``inputs``, ``environment``) and errors."""
         return await self._call("collect", query, **options).wait_async()
 
-    def _call(self, kind: str, lf: pl.LazyFrame, *, inputs: Sequence[GPUResult] = (),
-              environment: Mapping[str, str | None] | None = None, name: str | None = None,
-              lineage: Lineage | None = None) -> PendingCall:
+    def _call(self, kind: str, lf: pl.LazyFrame, *, inputs: Sequence[GPUResult] = (), name: str | None = None,
+              environment: Mapping[str, str | None] | None = None, lineage: Lineage | None = None) -> PendingCall:
         """Queue one engine call on the owner thread: the whole of it runs there (:meth:`_on_owner`)."""
         host, run = self._check_open(), current_run()
         claimed = claimed_by(inputs, run)
