@@ -212,11 +212,7 @@ class EngineSession(EngineCalls):
     @property
     def live_results(self) -> tuple[GPUResult, ...]:
         """Results produced here and not yet consumed or released."""
-        return tuple(self.held_results()[1])
-
-    def held_results(self) -> tuple[list[GPUResult], list[GPUResult]]:
-        """Every result of the session that may hold something, and the unread ones in the order produced."""
-        return self._book.results()
+        return tuple(self._book.results()[1])
 
     @property
     def counts(self) -> dict[str, int]:
@@ -373,7 +369,7 @@ class EngineSession(EngineCalls):
         """
         if self._owns_host:
             return host.shutdown(limit, before=self._last_call)
-        holding = [r for r in self.held_results()[0] if r.holding]
+        holding = [r for r in self._book.results()[0] if r.holding]
 
         def drop() -> None:
             for result in holding:
