@@ -49,11 +49,9 @@ def apply_local_api_defaults() -> list[str]:
         return []
     applied = []
     for name, (path, field, value) in LOCAL_API_DEFAULTS.items():
-        section = functools.reduce(getattr, path, settings)
-        if name in os.environ or field in section.model_fields_set:
-            continue
-        os.environ[name] = value
-        applied.append(name)
+        if name not in os.environ and field not in functools.reduce(getattr, path, settings).model_fields_set:
+            os.environ[name] = value
+            applied.append(name)
     if applied:
         # Prefect reads its settings from the environment once, at `import prefect`; this
         # public function of prefect.context (Prefect 3.9.0, 3.9.1) reads them again, so the
