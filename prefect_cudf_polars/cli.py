@@ -394,9 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         set_admission_limit(args.name, args.slots)
         print(f"Global concurrency limit {args.name!r}: {args.slots} slot(s), one per GiB of device memory")
         return 0
-    note = None
-    if args.command == "deploy":
-        args.backend, args.cpu_fallback, note = deploy_backend(args.backend, args.cpu_fallback)
+    # save-engine's --backend always has a value (auto by default), which deploy_backend keeps as given.
+    args.backend, args.cpu_fallback, note = deploy_backend(args.backend, args.cpu_fallback)
     check_engine_arguments(parser, args)
     engine = {key: getattr(args, key) for key in ("backend", "cpu_fallback", "device_memory_limit", "admission_limit")}
     if args.command == "save-engine":
