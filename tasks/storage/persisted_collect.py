@@ -25,10 +25,8 @@ from prefect_cudf_polars.tasks.engine_tasks import collect
 DEFAULT_KEY = "cudf-polars/{flow_run.id}/{task_run.id}"
 
 
-def persisted_collect(
-    result_storage: Any, *, key: str = DEFAULT_KEY, format: Literal["parquet", "ipc"] = "parquet",
-    **task_options: Any,
-) -> Task[..., Any]:
+def persisted_collect(result_storage: Any, *, key: str = DEFAULT_KEY, format: Literal["parquet", "ipc"] = "parquet",
+                      **task_options: Any) -> Task[..., Any]:
     """
     ``collect``, persisting its DataFrame to ``result_storage``.
 

@@ -150,10 +150,8 @@ def _ask_the_server(location: S3Location, access: S3Access, exc: BaseException) 
 
 
 @task(name="cudf-polars-read-parquet", task_run_name=read_parquet_run_name, **gpu_task_defaults())
-def read_parquet(
-    source: str | list[str], credentials: AwsCredentials | None = None, columns: list[str] | None = None,
-    predicate: pl.Expr | None = None, name: str | None = None,
-) -> GPUResult:
+def read_parquet(source: str | list[str], credentials: AwsCredentials | None = None, columns: list[str] | None = None,
+                 predicate: pl.Expr | None = None, name: str | None = None) -> GPUResult:
     """
     Read parquet from ``s3://`` URLs or local paths into a result on the engine.
 

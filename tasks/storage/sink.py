@@ -132,10 +132,8 @@ def _upload(files: list[Path], folder: Path, *, location: S3Location, access: S3
 
 @task(name="cudf-polars-sink-parquet", task_run_name=sink_parquet_run_name,
       **gpu_task_defaults(returns_gpu_result=False))
-def sink_parquet(
-    result: GPUResult, target: str, credentials: AwsCredentials | None = None, overwrite: bool = False,
-    compression: str = "zstd", staging_dir: str | None = None,
-) -> ParquetSinkSummary:
+def sink_parquet(result: GPUResult, target: str, credentials: AwsCredentials | None = None, overwrite: bool = False,
+                 compression: str = "zstd", staging_dir: str | None = None) -> ParquetSinkSummary:
     """
     Write a result to parquet from the engine (the GPU on GPU backends) and consume it.
 
