@@ -49,9 +49,7 @@ if TYPE_CHECKING:
 
 
 def _sources(source: str | Sequence[str]) -> list[str]:
-    if isinstance(source, str):
-        return [source]
-    sources = [str(s) for s in source]
+    sources = [source] if isinstance(source, str) else [str(s) for s in source]
     if not sources:
         raise ValueError("read_parquet needs at least one path or s3:// URL.")
     return sources
