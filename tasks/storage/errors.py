@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import re
 from functools import partial
-from typing import TYPE_CHECKING
 
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
-from prefect_cudf_polars.tasks.storage.credentials import scrub
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.tasks.storage.credentials import S3Access
+from prefect_cudf_polars.tasks.storage.credentials import S3Access, scrub
 
 __all__ = ["S3AccessError", "explain_engine_error"]
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from prefect_cudf_polars.blocks import GPUResult
+from prefect_cudf_polars.blocks import EngineSession, GPUResult
 from prefect_cudf_polars.blocks.backends.engine_errors import iter_exceptions
 from prefect_cudf_polars.tasks.calls import EngineCall
 from prefect_cudf_polars.tasks.storage.assets import declare_sources
@@ -44,8 +44,6 @@ from prefect_cudf_polars.tasks.task_defaults import gpu_task_defaults
 
 if TYPE_CHECKING:
     from prefect_aws import AwsCredentials
-
-    from prefect_cudf_polars.blocks import EngineSession
 
 
 def _sources(source: str | Sequence[str]) -> list[str]:
