@@ -44,6 +44,7 @@ from typing import Any, get_args
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.blocks.admission import slots_for
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe
 from prefect_cudf_polars.blocks.engine_block import LIMIT_NAME_PATTERN, Backend
 from prefect_cudf_polars.blocks.errors import LIMIT_NAME_RULE, invalid_fields
 
@@ -221,9 +222,7 @@ def deploy_backend(backend: str | None, cpu_fallback: bool) -> tuple[str, bool, 
     """
     if backend is not None:
         return backend, cpu_fallback, None
-    from prefect_cudf_polars.blocks.backends.probe import probe
-
-    problem = probe().problem
+    problem = gpu_probe.probe().problem
     if problem is None:
         return "spmd", cpu_fallback, None
     return "auto", True, (f"No GPU backend can run here ({problem}), so the engine block gets backend=auto with "
@@ -372,9 +371,7 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     if args.command != "deploy" or args.admission_limit is None:
         return
     if args.gpu_memory_gib is None:
-        from prefect_cudf_polars.blocks.backends.probe import gpu_memory_bytes
-
-        found = gpu_memory_bytes()
+        found = gpu_probe.gpu_memory_bytes()
         if found is None:
             parser.error("--admission-limit needs --gpu-memory-gib N (the GPU's memory in GiB, the limit's "
                          "slots): no GPU is visible here to read it from")
