@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
 
 from prefect_cudf_polars.blocks.backends.plans import cache_uses
 from prefect_cudf_polars.blocks.memory import HostCopy
@@ -35,9 +34,9 @@ class ResultBook:
         self._all: weakref.WeakSet[GPUResult] = weakref.WeakSet()
         self._by_cache: weakref.WeakValueDictionary[str, GPUResult] = weakref.WeakValueDictionary()
         # Claimed with a frame no query read yet, or released before one did: by id, the handle and what its frame
-        # keeps alive (``frame_source``), both weakly. A caller may keep only ``result.lazy()``: the handle goes
-        # away, and the frame counts as out until what it keeps goes away too.
-        self._framed: dict[str, tuple[weakref.ref[GPUResult], Callable[[], object | None]]] = {}
+        # keeps alive (``frame_source``; ``None`` where it keeps nothing of the result's), both weakly. A caller may
+        # keep only ``result.lazy()``: the handle goes away, and the frame counts as out until what it keeps goes away.
+        self._framed: dict[str, tuple[weakref.ref[GPUResult], weakref.ref[object] | None]] = {}
         self._host_framed: weakref.WeakSet[GPUResult] = weakref.WeakSet()  # claimed with a host frame (re-readable)
         self._counts = {"produced": 0, "consumed": 0, "released_unconsumed": 0}
         self.open = True
@@ -65,7 +64,7 @@ class ResultBook:
             if count == "consumed" and result.cache_id is not None:
                 self._by_cache[result.cache_id] = result
                 source = None if result.persisted is None else result.persisted.frame_source
-                self._framed[result.id] = (weakref.ref(result), _nothing if source is None else weakref.ref(source))
+                self._framed[result.id] = (weakref.ref(result), None if source is None else weakref.ref(source))
                 if isinstance(result.persisted, HostCopy):  # polars could scan its frame twice: look every time
                     self._host_framed.add(result)
         return live
@@ -103,14 +102,10 @@ class ResultBook:
             return every
 
 
-def _nothing() -> None:
-    """A frame source that is gone from the start (a frame that keeps nothing of its result's)."""
-
-
-def _may_be_read(result: weakref.ref[GPUResult], source: Callable[[], object | None]) -> bool:
+def _may_be_read(result: weakref.ref[GPUResult], source: weakref.ref[object] | None) -> bool:
     """Whether a claimed result's frame may still be read by a plan: while its handle lives, until a query has read
     the frame (or, released first, for good); once the handle is gone, while what the frame keeps lives."""
     handle = result()
     if handle is None:
-        return source() is not None
+        return source is not None and source() is not None
     return handle.frame_out or handle.state == "released"
