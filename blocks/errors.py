@@ -377,7 +377,7 @@ def wrong_engine_message(what: str, producer: str, backend: str, produced_in: st
     """Why ``what``, produced by session ``producer``, cannot be read by the session ``reader``."""
     where = f"{backend}, {produced_in}" if produced_in else backend
     advice = (f"Pass the subflow a host DataFrame (collect the result before the subflow), or {SHARE_PARENT_SESSION}."
-              if (reader.served_run or "").startswith("subflow") else
+              if reader.subflow else
               "Produce the result in this flow run, or collect it in its own flow run and pass the host DataFrame.")
     return (f"{what} belongs to engine session {producer} ({where}), but {reader.served_run or 'the code here'} has "
             f"its own engine session {reader.id} ({reader.backend}): only the engine that produced a result can "

@@ -130,6 +130,11 @@ def in_host_memory(result: GPUResult) -> bool:
     return result.persisted is not None and result.persisted.moved_out
 
 
+def host_held(results: Iterable[GPUResult]) -> int:
+    """Bytes those of ``results`` moved out of the engine hold in host memory."""
+    return sum(r.bytes or 0 for r in results if in_host_memory(r))
+
+
 def read_by(claimed: Iterable[GPUResult]) -> dict[str, GPUResult]:
     """The results a call reads, by id: those it claimed and, for deferred ones, the inputs their plans hold."""
     found: dict[str, GPUResult] = {}
@@ -303,7 +308,7 @@ class MemoryLedger:
         ``keep``, least recently produced first; and of those, the ones host memory can take now."""
         movable = [r for r in results if r.state == "live" and r.id not in read and not r.deferred
                    and r is not keep and any(size and rank in ranks for rank, size in enumerate(held_by_rank(r)))]
-        room = self.host_limit - self.host_held(results)
+        room = self.host_limit - host_held(results)
         return movable, [r for r in movable if (r.bytes or 0) <= room]
 
     def on_demand(self, nbytes: int, running: RunningEngine) -> int:
@@ -332,10 +337,6 @@ class MemoryLedger:
                                type(exc).__name__, exc)
         return freed
 
-    def host_held(self, results: Iterable[GPUResult] | None = None) -> int:
-        """Bytes the results moved out of the engine hold in host memory (of ``results``; default: all held)."""
-        return sum(r.bytes or 0 for r in (self._results() if results is None else results) if in_host_memory(r))
-
     def bring_back(self, coming: Sequence[GPUResult], running: RunningEngine) -> list[GPUResult]:
         """
         Before the engine call that reads ``coming`` (:meth:`make_room`'s) runs: put the pinned ones back into the
@@ -361,7 +362,7 @@ class MemoryLedger:
         template = SPILL_OFF_MESSAGE if self.spill != "host" else HOST_LIMIT_MESSAGE if host_full else HOST_FULL_MESSAGE
         return template.format(limit=limit, held=held, on_rank=f" on rank {rank}" if self.ranks > 1 else "", budget=budget,
                                named=named + (" ..." if len(on_rank) > 20 else ""), host_limit=self.host_limit,
-                               host_held=self.host_held(results))
+                               host_held=host_held(results))
 
     def read_back(self, frames: Sequence[GPUResult]) -> None:
         """After an engine call that ended without an error: its query read back the host ``frames``
