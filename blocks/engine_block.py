@@ -375,10 +375,9 @@ def _plain_load_errors(name: str) -> Iterator[None]:
         yield
     except (ValueError, RuntimeError) as exc:
         if isinstance(exc.__cause__, ValidationError):
-            raise ValueError(
-                f"The saved cudf-polars engine block {name!r} holds a value its fields do not allow: "
-                f"{invalid_fields(exc.__cause__)}. Fix it in the Prefect UI (Blocks, {name!r}) or save it again: "
-                f"`CudfPolarsEngine(...).save({name!r}, overwrite=True)`.") from None
+            raise ValueError(f"The saved cudf-polars engine block {name!r} holds a value its fields do not allow: "
+                             f"{invalid_fields(exc.__cause__)}. Fix it in the Prefect UI (Blocks, {name!r}) or save "
+                             f"it again: `CudfPolarsEngine(...).save({name!r}, overwrite=True)`.") from None
         if isinstance(exc, ValueError) and "Unable to find block document" in str(exc):
             raise BlockNotFoundError(
                 f"No saved cudf-polars engine block named {name!r} at this Prefect API. Save one with "

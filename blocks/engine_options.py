@@ -198,9 +198,8 @@ class EngineOptions:
         if mr is not None:
             named["memory_resource_config"] = MemoryResourceConfig(**mr)
         options = StreamingOptions(**named)
-        return {"rapidsmpf_options": options.to_rapidsmpf_options(),
-                "executor_options": {**options.to_executor_options(), **self.executor_settings()},
-                "engine_options": options.to_engine_options()}
+        return {"rapidsmpf_options": options.to_rapidsmpf_options(), "engine_options": options.to_engine_options(),
+                "executor_options": {**options.to_executor_options(), **self.executor_settings()}}
 
     def local_cluster_kwargs(self) -> dict[str, Any]:
         """
