@@ -264,16 +264,18 @@ class MemoryLedger:
                   refuse: bool = True) -> list[GPUResult]:
         """
         Before an engine call that reads ``read`` (:func:`read_by` of what it claimed): keep the others within budget,
-        moving results to host memory with ``running``, the engine.
+        moving results to host memory with ``running``, the engine; then put the pinned results it reads back into
+        the engine's store, where their frames read them.
 
-        Results it reads from host memory come back as it runs, as working memory like its other reads.
+        Results it reads from host frames come back as it runs, as working memory like its other reads.
         ``keep`` is counted but not moved (the result a call just produced). ``refuse=False`` (after a call)
         moves what it can and raises nothing when that is not enough.
 
         Returns
         -------
         list of GPUResult
-            The results the call reads back from host memory (for :meth:`bring_back`).
+            The results the call reads from host frames, which its query reads back as it runs (for
+            :meth:`read_back`).
 
         Raises
         ------
@@ -283,7 +285,6 @@ class MemoryLedger:
         """
         if self.limit is None:
             return []
-        coming = [r for r in read.values() if in_host_memory(r)]
         while True:
             results = self._results()
             live = [r for r in results if r.state == "live"]
@@ -293,14 +294,22 @@ class MemoryLedger:
                            default=0) for rank in range(self.ranks)]  # a result in host memory comes back whole
             over = over_budget(self.limit, self._by_rank(others), largest)
             if not over:
-                return coming
+                break
             movable, fits = self._movable(results, {rank for rank, _, _ in over}, read, keep)
             if self.spill != "host" or not fits:
-                break
+                if refuse:
+                    raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
+                return []
             self._move_out(fits[0], running)  # the least recently produced that host memory can take
-        if refuse:
-            raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
-        return coming
+        frames = []
+        for result in read.values():
+            if isinstance(persisted := result.persisted, HostCopy):
+                frames.append(result)
+            elif persisted is not None and persisted.moved_out:  # pinned: back into the store in place
+                started = time.perf_counter()
+                running.move_back(persisted)
+                self._count(result, "back", time.perf_counter() - started, PINNED)
+        return frames
 
     def _movable(self, results: list[GPUResult], ranks: set[int], read: Mapping[str, GPUResult],
                  keep: GPUResult | None = None) -> tuple[list[GPUResult], list[GPUResult]]:
@@ -337,22 +346,6 @@ class MemoryLedger:
                                type(exc).__name__, exc)
         return freed
 
-    def bring_back(self, coming: Sequence[GPUResult], running: RunningEngine) -> list[GPUResult]:
-        """
-        Before the engine call that reads ``coming`` (:meth:`make_room`'s) runs: put the pinned ones back into the
-        engine's store, where their frames read them. Returns those in host frames, which the query itself reads
-        back as it runs (for :meth:`read_back`).
-        """
-        frames = []
-        for result in coming:
-            if isinstance(persisted := result.persisted, HostCopy):
-                frames.append(result)
-            elif persisted is not None:
-                started = time.perf_counter()
-                running.move_back(persisted)
-                self._count(result, "back", time.perf_counter() - started, PINNED)
-        return frames
-
     def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult], *,
                  host_full: bool) -> str:
         rank, held, budget = over
@@ -366,7 +359,7 @@ class MemoryLedger:
 
     def read_back(self, frames: Sequence[GPUResult]) -> None:
         """After an engine call that ended without an error: its query read back the host ``frames``
-        (:meth:`bring_back`'s; their seconds are in its engine seconds)."""
+        (:meth:`make_room`'s; their seconds are in its engine seconds)."""
         for result in frames:
             self._count(result, "back", None, HOST_FRAME)
 

@@ -159,7 +159,7 @@ class EngineCalls:
                 for result in {*claimed, *scanned}:  # a frame an earlier query read, or a released one, is refused
                     result.check_scan(call.run)
                 call.planned = True
-                frames = ledger.bring_back(ledger.make_room(read, running), running)
+                frames = ledger.make_room(read, running)
                 started = time.perf_counter()
                 value = getattr(running, kind)(lf, flags)
                 seconds = time.perf_counter() - started
