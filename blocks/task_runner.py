@@ -107,7 +107,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     @property
     def provided_session(self) -> EngineSession | None:
         """The session if it is open now (opens nothing)."""
-        return getattr(self.session, "provided_session", None)
+        return None if self.session is None else self.session.provided_session
 
     def provide_session(self) -> EngineSession:
         """
