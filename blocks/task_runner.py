@@ -107,7 +107,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     @property
     def provided_session(self) -> EngineSession | None:
         """The session if it is open now (opens nothing)."""
-        return None if self.session is None else self.session.provided_session
+        return getattr(self.session, "provided_session", None)
 
     def provide_session(self) -> EngineSession:
         """
