@@ -397,11 +397,12 @@ class MemoryLedger:
         return moved is not None
 
     def _count(self, result: GPUResult, way: str, seconds: float | None, route: str) -> None:
-        keys = ("results", "bytes", "out_seconds") if way == "out" else ("back", "back_bytes", "back_seconds")
+        out = way == "out"
         with self._lock:
-            for key, added in zip(keys, (1, result.bytes or 0, seconds or 0.0)):
-                self.spills[key] += added
-            if way == "out":  # the routes of the moves out
+            self.spills["results" if out else "back"] += 1
+            self.spills["bytes" if out else "back_bytes"] += result.bytes or 0
+            self.spills["out_seconds" if out else "back_seconds"] += seconds or 0.0
+            if out:  # the routes of the moves out
                 self.spills["routes"][route] = self.spills["routes"].get(route, 0) + 1
         if (moved := self._moved.get(result)) is not None:
             moved(result, way, seconds, route)
