@@ -40,7 +40,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine
 from prefect_cudf_polars.blocks.admission import slots_for
@@ -237,7 +237,9 @@ def to_argv(command: list[str]) -> list[str]:
     return [sys.executable, "-m", module, *command[1:]]
 
 
-def deploy(*, project_dir: str | Path = ".", **options: Any) -> None:
+def deploy(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
+           project_dir: str | Path = ".", cpu_fallback: bool = False, device_memory_limit: int | str | None = None,
+           admission_limit: str | None = None, gpu_memory_gib: int | None = None) -> None:
     """
     Register the block type, save the engine block, create the pool (and the admission limit), deploy every flow.
 
@@ -245,9 +247,8 @@ def deploy(*, project_dir: str | Path = ".", **options: Any) -> None:
     ----------
     project_dir
         Folder holding ``prefect.yaml`` (the checkout's root).
-    **options
-        ``engine_block``, ``backend``, ``pool``, ``cpu_fallback``, ``device_memory_limit``,
-        ``admission_limit`` and ``gpu_memory_gib``, as for :func:`deploy_commands`, which says what each does.
+    engine_block, backend, pool, cpu_fallback, device_memory_limit, admission_limit, gpu_memory_gib
+        As for :func:`deploy_commands`, which says what each does.
 
     Raises
     ------
@@ -265,7 +266,9 @@ def deploy(*, project_dir: str | Path = ".", **options: Any) -> None:
         raise DeployError("PREFECT_API_URL is not set, so deployments would go to a temporary API no worker can "
                           "reach. Start a server (`prefect server start`) and point at it: "
                           "`prefect config set PREFECT_API_URL=http://127.0.0.1:4200/api`.")
-    for command in deploy_commands(**options):
+    for command in deploy_commands(engine_block=engine_block, backend=backend, pool=pool, cpu_fallback=cpu_fallback,
+                                   device_memory_limit=device_memory_limit, admission_limit=admission_limit,
+                                   gpu_memory_gib=gpu_memory_gib):
         shown = shlex.join(command)
         print(f"$ {shown}", flush=True)
         # prefect.yaml's pull step names "{{ $PWD }}": the checkout's root.
