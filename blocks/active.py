@@ -43,8 +43,13 @@ PROVIDER: contextvars.ContextVar[SessionProvider | None] = contextvars.ContextVa
     "prefect_cudf_polars_session_provider", default=None)
 
 
+def enter(provider: SessionProvider) -> contextvars.Token[SessionProvider | None]:
+    """Make ``provider`` the innermost one here; returns the token for :func:`leave`."""
+    return PROVIDER.set(provider)
+
+
 def leave(token: contextvars.Token[SessionProvider | None], provider: SessionProvider) -> None:
-    """Put back the provider that was innermost before ``PROVIDER.set(provider)`` returned ``token``."""
+    """Put back the provider that was innermost before ``provider`` was entered with ``token``."""
     try:
         PROVIDER.reset(token)
     except ValueError:  # left from another context than the one it was entered in

@@ -154,7 +154,7 @@ class EngineSession(EngineCalls):
             self._telemetry.backend, self.state = self.backend, State.OPEN
             exits.opened(self)
             if activate:
-                self._token = active.PROVIDER.set(self)
+                self._token = active.enter(self)
         except BaseException:  # nothing has run: end what this opening started
             self.state, self._closing = State.CLOSED, True
             exits.closed(self)  # nothing to close at interpreter exit

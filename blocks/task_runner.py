@@ -95,7 +95,7 @@ class CudfPolarsTaskRunner(ThreadPoolTaskRunner):
     def __enter__(self) -> CudfPolarsTaskRunner:
         super().__enter__()
         self._parent = active.innermost()
-        self._token = active.PROVIDER.set(self)
+        self._token = active.enter(self)
         return self
 
     def submit(self, task: Any, parameters: Any, wait_for: Any = None, dependencies: Any = None) -> Any:
