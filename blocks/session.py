@@ -257,7 +257,8 @@ class EngineSession(EngineCalls):
 
     def provide_session(self) -> EngineSession:
         """This session, for the code inside its with block (announced there); ``SessionError`` once it has ended."""
-        self._check_open()
+        if self.closed:
+            raise SessionError(self.ended_message())
         self.announce()
         return self
 
