@@ -299,7 +299,7 @@ class MemoryLedger:
             if self.spill != "host" or not fits:
                 if refuse:
                     raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
-                return []
+                break
             self._move_out(fits[0], running)  # the least recently produced that host memory can take
         frames = []
         for result in read.values():
