@@ -41,20 +41,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_api():
+def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     """
     One real local Prefect API (temporary database) for the whole test session.
+
+    Results the tests' flow runs persist go to a temporary folder, here and in the processes the
+    tests start (``PREFECT_LOCAL_STORAGE_PATH``), not to the user's ``~/.prefect/storage``.
 
     The flow runs of this process send no flow run heartbeats, unless a test asks for them
     (:func:`flow_heartbeats`): the end of a synchronous flow run waits for its heartbeat thread,
     which looks once a second whether to stop. Flow runs in processes of their own
     (a worker's, the scripts') send them as Prefect's defaults say.
     """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_LOCAL_STORAGE_PATH, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180):
-        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    storage = tmp_path_factory.mktemp("prefect-results")
+    with pytest.MonkeyPatch.context() as env, prefect_test_harness(server_startup_timeout=180):
+        env.setenv("PREFECT_LOCAL_STORAGE_PATH", str(storage))
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_LOCAL_STORAGE_PATH: storage}):
             yield
 
 
