@@ -9,12 +9,22 @@ packages and are skipped cleanly without them.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from prefect_cudf_polars.blocks.backends import probe as gpu_probe
+# Results the tests' flow runs persist go to a folder of this test process, removed when it exits
+# (its threads and the processes it starts use it too), not to the user's ~/.prefect/storage.
+# Set before Prefect is imported: a flow run on a thread of its own takes the settings Prefect read then.
+if "PREFECT_LOCAL_STORAGE_PATH" not in os.environ:
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = tempfile.mkdtemp(prefix="prefect-cudf-polars-test-results-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_LOCAL_STORAGE_PATH"], ignore_errors=True)
+
+from prefect_cudf_polars.blocks.backends import probe as gpu_probe  # noqa: E402 (after the setting above)
 
 # The test API needs no telemetry service (it logs ERRORs on a just-created database and offline).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -41,25 +51,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prefect_api(tmp_path_factory: pytest.TempPathFactory):
+def prefect_api():
     """
     One real local Prefect API (temporary database) for the whole test session.
-
-    Results the tests' flow runs persist go to a temporary folder, here and in the processes the
-    tests start (``PREFECT_LOCAL_STORAGE_PATH``), not to the user's ``~/.prefect/storage``.
 
     The flow runs of this process send no flow run heartbeats, unless a test asks for them
     (:func:`flow_heartbeats`): the end of a synchronous flow run waits for its heartbeat thread,
     which looks once a second whether to stop. Flow runs in processes of their own
     (a worker's, the scripts') send them as Prefect's defaults say.
     """
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    storage = tmp_path_factory.mktemp("prefect-results")
-    with pytest.MonkeyPatch.context() as env, prefect_test_harness(server_startup_timeout=180):
-        env.setenv("PREFECT_LOCAL_STORAGE_PATH", str(storage))
-        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None, PREFECT_LOCAL_STORAGE_PATH: storage}):
+    with prefect_test_harness(server_startup_timeout=180):
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield
 
 
