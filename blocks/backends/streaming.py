@@ -60,7 +60,7 @@ def silence_unstable_warning() -> None:
 PACK_VIA_DEVICE = False
 #: rmm pool sizes are multiples of this (bytes).
 PINNED_ALIGNMENT = 256
-#: The pinned pool's first size (bytes); it grows in steps as moves need.
+#: The pinned pool's first size (bytes); it grows by doubling as moves need (:meth:`StreamingRunningEngine.pinned_pool`).
 PINNED_FIRST = 2**30
 #: rapidsmpf runs a higher priority's spill function first; cudf-polars 26.10 registers a query's buffers at 0.
 HELD_RESULTS_SPILL_PRIORITY = 1
@@ -191,16 +191,20 @@ class StreamingRunningEngine(RunningEngine):
 
     def pinned_pool(self, pool_bytes: int) -> Any:
         """
-        The engine's pool of pinned host memory for moved results: an ``rmm.mr.PoolMemoryResource`` over
-        ``PinnedHostMemoryResource`` (``cudaHostAlloc``), made at the first move, growing to ``pool_bytes`` then.
+        The engine's pool of pinned host memory for moved results, made at the first move: an
+        ``rmm.mr.PoolMemoryResource`` over ``PinnedHostMemoryResource`` (``cudaHostAlloc``) under a
+        ``LimitingResourceAdaptor`` at ``pool_bytes``. rmm 26.10's pool with no maximum grows by its own size (or the
+        request); a growth past the limit fails and the pool tries half as much, down to the request. So the pool
+        pins at most about twice what moved results hold, never more than ``pool_bytes`` (a pool with a maximum
+        would pin half of what is left below it at its first growth).
         """
         with self._pinned_lock:  # a move on a running query's demand may come from any of the engine's threads
             if self._pinned is None:
                 import rmm.mr
 
                 most = max(pool_bytes // PINNED_ALIGNMENT * PINNED_ALIGNMENT, PINNED_ALIGNMENT)
-                self._pinned = rmm.mr.PoolMemoryResource(rmm.mr.PinnedHostMemoryResource(), maximum_pool_size=most,
-                                                         initial_pool_size=min(PINNED_FIRST, most))
+                pinned = rmm.mr.LimitingResourceAdaptor(rmm.mr.PinnedHostMemoryResource(), allocation_limit=most)
+                self._pinned = rmm.mr.PoolMemoryResource(pinned, initial_pool_size=min(PINNED_FIRST, most))
             return self._pinned
 
     def read(self, persisted: Any = None) -> Reading:
