@@ -133,6 +133,10 @@ def measure(sizes: list[float], runs: int, lineitem: str | None) -> dict[str, An
                     measured = session.run(one_round, running, source, route, pool_bytes)
                     if index:  # the first round warms up (the pinned pool grows to its size)
                         rounds[route].append(measured)
+                    elif route == "pinned":  # the engine's first move makes the pool, then each size grows it
+                        out.setdefault("first_pinned", {})[f"{size:g}"] = {
+                            "out_gbps": measured["bytes"] / measured["out_s"] / GB,
+                            "back_gbps": measured["bytes"] / measured["back_s"] / GB}
             del source
             out["sizes"][f"{size:g}"] = {
                 route: {
@@ -150,6 +154,7 @@ def measure(sizes: list[float], runs: int, lineitem: str | None) -> dict[str, An
             out["tee"] = {"bytes": tees[0]["bytes"], "copy_ms_per_gb": summary(per_gb("copy_s")),
                           "replay_ms_per_gb": summary(per_gb("replay_s"))}
             print("tee:", {k: v["median"] if isinstance(v, dict) else v for k, v in out["tee"].items()}, flush=True)
+        out["pinned_pool_bytes"] = running.pinned_pool(pool_bytes).pool_size()
         out["memory_at_end"] = session.memory_in_use()
     return out
 
@@ -164,6 +169,11 @@ def markdown(results: dict[str, Any]) -> str:
         for route, v in routes.items():
             fmt = lambda s: f"{s['median']:.1f}" + (f" [{s['ci'][0]:.1f}, {s['ci'][1]:.1f}]" if s["ci"] else "")  # noqa: E731
             lines.append(f"| {size} | {route} | {fmt(v['out_gbps'])} | {fmt(v['back_gbps'])} |")
+    if first := results.get("first_pinned"):
+        lines += ["", "Each size's warm-up round by the pinned route (the engine's first move makes its pinned pool; a "
+                  "larger result grows it), GB/s out and back: " + "; ".join(
+                      f"{size} GB: {v['out_gbps']:.1f} and {v['back_gbps']:.1f}" for size, v in first.items())
+                  + f". The pinned pool holds {results['pinned_pool_bytes']:,} bytes at the end."]
     if tee := results.get("tee"):
         lines += ["", f"`tee` of a loaded table of {tee['bytes'] / GB:.2f} GB: its second copy",
                   "", "| how | ms per GB [95 %] |", "|---|---:|",
