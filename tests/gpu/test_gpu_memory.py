@@ -52,7 +52,9 @@ def pipeline(spill: str):
     def tables_under_a_limit():
         held = [execute(table(i), name=f"table-{i}") for i in range(TABLES)]
         sums = [collect(total(*held[i:i + 2])) for i in range(0, TABLES, 2)]
-        return sums, get_engine_session().summary()
+        session = get_engine_session()
+        pinned = session.running_engine.pinned_pool(0).pool_size() if spill == "host" else 0
+        return sums, session.summary(), pinned
 
     return tables_under_a_limit()
 
@@ -65,7 +67,7 @@ def warm():
 
 def test_results_past_the_limit_move_to_host_memory_and_equal_polars(warm, record_property):
     before = driver_used()
-    sums, summary = pipeline("host")
+    sums, summary, pinned = pipeline("host")
     after = driver_used()
     for i, got in zip(range(0, TABLES, 2), sums):
         assert got.row(0) == ((2 * i + 1) * float(ROWS), 2 * ROWS)
@@ -74,6 +76,9 @@ def test_results_past_the_limit_move_to_host_memory_and_equal_polars(warm, recor
     record_property("driver_before_after", [before, after])
     assert held["limit"] == LIMIT and held["spills"]["results"] >= 1 and held["spills"]["back"] >= 1
     assert held["peak_held"] <= LIMIT
+    # The pinned pool grows by doubling from 1 GiB: at most about twice what moved out, not half its limit.
+    assert pinned <= max(2 * held["spills"]["bytes"], 2**30), f"pinned pool {pinned:,} bytes"
+    record_property("pinned_pool_bytes", pinned)
     assert summary["counts"]["released_unconsumed"] == 0
     assert after - before <= DRIVER_SLACK, f"driver: {before:,} bytes before, {after:,} after the flow run"
 
