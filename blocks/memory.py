@@ -47,6 +47,7 @@ out (:meth:`MemoryLedger.on_demand`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -336,7 +337,7 @@ class MemoryLedger:
                 while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)), {})[1]):
                     result = fits[0]
                     before = on_engine(result)
-                    if self._move_out(result, running):
+                    if self._move_out(result, running, frame_route=False):
                         with self._lock:
                             self.spills["on_demand"] += 1
                         freed += before
@@ -363,9 +364,12 @@ class MemoryLedger:
         for result in frames:
             self._count(result, "back", None, HOST_FRAME)
 
-    def _move_out(self, result: GPUResult, running: RunningEngine) -> bool:
+    def _move_out(self, result: GPUResult, running: RunningEngine, *, frame_route: bool = True) -> bool:
         """Move ``result`` to host memory; whether this call moved it (not when it was moved or claimed meanwhile).
-        A failure releases it only where its rows may have left the engine (a host frame's read)."""
+        With ``frame_route`` (off a running query's demand: the host frame route runs the engine), a result the
+        pinned pool has no free block for (near ``host_spill_limit``, its blocks' free tails too small) moves by
+        the host frame route. A failure releases it only where its rows may have left the engine (a host frame's
+        read)."""
         taken = False
 
         def out(persisted: PersistedResult) -> PersistedResult | None:  # under the result's lock: no claim meanwhile
@@ -373,8 +377,9 @@ class MemoryLedger:
             if persisted.moved_out:
                 return None
             # Packed into pinned memory in place (the handle's frames stay valid); a failure takes nothing.
-            if running.move_out(persisted, self.host_limit):
-                return persisted
+            with contextlib.suppress(MemoryError) if frame_route else contextlib.nullcontext():
+                if running.move_out(persisted, self.host_limit):
+                    return persisted
             taken = True  # the read takes the partitions out of the store
             try:
                 frame = running.collect(persisted.lazy(), pl.QueryOptFlags())

@@ -8,7 +8,8 @@ engine, and while the flow runs the CUDA driver's used device memory (``cudaMemG
 sampled every 5 ms) stays within the limit above its figure before the flow run (the process's
 CUDA context, made by a first flow run). A query whose 400 MB result does not fit beside 700 MB
 of held tables under that limit runs out of memory with spill off; with spill host the engine's
-memory resource asks for room as it runs and the oldest tables move out. ``tee`` of a loaded table makes its copies as device
+memory resource asks for room as it runs and the oldest tables move out. A move the pinned pool has no free
+block for, near ``host_spill_limit``, goes by the host frame route. ``tee`` of a loaded table makes its copies as device
 copies of the partitions: nothing is produced again, and each copy reads equal to polars.
 """
 
@@ -147,6 +148,29 @@ def test_a_query_that_needs_the_room_held_results_take_gets_it_on_demand_with_sp
     assert summary["counts"]["released_unconsumed"] == 0
     assert sampled.peak - before <= LIMIT + DRIVER_SLACK, (
         f"driver: {before:,} bytes before the flow run, a peak of {sampled.peak:,} during it")
+
+
+FRAGMENT_ROWS = 25_000_000  # int64 and float64 columns: a 400,000,000-byte result
+FRAGMENT_TABLES = 14  # under a 5 GB limit the held budget of 4 GB keeps ten: four move out
+
+
+def test_a_move_the_pinned_pool_has_no_free_block_for_goes_by_the_host_frame_route_and_reads_back_equal(warm):
+    """Under ``host_spill_limit`` of 1.5 GiB the pinned pool's blocks are 1 GiB and 512 MiB: they hold three
+    400 MB results, and the fourth, which the host budget admits (410 MB left), fits no block's free tail and no
+    growth under the limit: it moves by the host frame route, and every result reads back equal to polars."""
+    big = lambda i: pl.LazyFrame({"k": np.arange(FRAGMENT_ROWS, dtype=np.int64)}).with_columns(v=pl.lit(float(i)))  # noqa: E731
+
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=5_000_000_000,
+                                                            spill_results="host", host_spill_limit=1_610_612_736)))
+    def fragmented_pool():
+        held = [execute(big(i), name=f"big-{i}") for i in range(FRAGMENT_TABLES)]
+        return [collect(total(r)).row(0) for r in held], get_engine_session().summary()["held"]["spills"]
+
+    sums, spills = fragmented_pool()
+    k = FRAGMENT_ROWS * (FRAGMENT_ROWS - 1) // 2
+    assert sums == [(i * float(FRAGMENT_ROWS), k, FRAGMENT_ROWS) for i in range(FRAGMENT_TABLES)]
+    assert spills["routes"].get("pinned", 0) >= 1 and spills["routes"].get("host frame", 0) >= 1, spills
+    assert spills["back"] == spills["results"], spills
 
 
 def test_tee_copies_a_loaded_table_on_the_device_and_each_copy_reads_equal_to_polars(tmp_path):
