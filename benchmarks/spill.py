@@ -23,7 +23,9 @@ GB/s is the result's bytes (rmm's count of its device buffers) over the move's w
 (``time.perf_counter``), medians over the rounds. Every round checks the rows that come back
 (row count and the sum of ``k``). With ``--lineitem``, it also times ``tee``'s second copy of
 that table loaded into the engine: the backend's device copy against producing it again from its
-scan (what ``tee`` does where it cannot copy), in ms per GB of the table.
+scan (what ``tee`` does where it cannot copy), in ms per GB of the table. Each size's warm-up round
+by the pinned route is reported apart (``first_pinned``: the engine's first move makes its pinned pool,
+a larger result grows it), with the pool's size at the end (``pinned_pool_bytes``).
 Writes ``DIR/spill.json`` and ``DIR/spill.md``.
 """
 

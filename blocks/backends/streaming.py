@@ -195,8 +195,8 @@ class StreamingRunningEngine(RunningEngine):
         ``rmm.mr.PoolMemoryResource`` over ``PinnedHostMemoryResource`` (``cudaHostAlloc``) under a
         ``LimitingResourceAdaptor`` at ``pool_bytes``. rmm 26.10's pool with no maximum grows by its own size (or the
         request); a growth past the limit fails and the pool tries half as much, down to the request. So the pool
-        pins at most about twice what moved results hold, never more than ``pool_bytes`` (a pool with a maximum
-        would pin half of what is left below it at its first growth).
+        pins about twice the most that moved results held at once, never more than ``pool_bytes``, and keeps it
+        (a pool with a maximum would pin half of what is left below it at its first growth).
         """
         with self._pinned_lock:  # a move on a running query's demand may come from any of the engine's threads
             if self._pinned is None:

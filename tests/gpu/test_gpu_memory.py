@@ -76,9 +76,10 @@ def test_results_past_the_limit_move_to_host_memory_and_equal_polars(warm, recor
     record_property("driver_before_after", [before, after])
     assert held["limit"] == LIMIT and held["spills"]["results"] >= 1 and held["spills"]["back"] >= 1
     assert held["peak_held"] <= LIMIT
-    # The pinned pool grows by doubling from 1 GiB: at most about twice what moved out, not half its limit.
-    assert pinned <= max(2 * held["spills"]["bytes"], 2**30), f"pinned pool {pinned:,} bytes"
     record_property("pinned_pool_bytes", pinned)
+    # The pinned pool grows by its own size from 1 GiB: at most about twice what moved out, not half its limit.
+    assert held["spills"]["routes"].get("pinned") and pinned <= max(2 * held["spills"]["bytes"], 2**30), (
+        f"pinned pool {pinned:,} bytes after {held['spills']}")
     assert summary["counts"]["released_unconsumed"] == 0
     assert after - before <= DRIVER_SLACK, f"driver: {before:,} bytes before, {after:,} after the flow run"
 
