@@ -151,7 +151,7 @@ def test_a_query_that_needs_the_room_held_results_take_gets_it_on_demand_with_sp
 
 
 FRAGMENT_ROWS = 25_000_000  # int64 and float64 columns: a 400,000,000-byte result
-FRAGMENT_TABLES = 14  # under a 5 GB limit the held budget of 4 GB keeps ten: four move out
+FRAGMENT_TABLES = 16  # under a 6 GB limit the held budget of 4.8 GB keeps twelve: four move out
 
 
 def test_a_move_the_pinned_pool_has_no_free_block_for_goes_by_the_host_frame_route_and_reads_back_equal(warm):
@@ -160,7 +160,7 @@ def test_a_move_the_pinned_pool_has_no_free_block_for_goes_by_the_host_frame_rou
     growth under the limit: it moves by the host frame route, and every result reads back equal to polars."""
     big = lambda i: pl.LazyFrame({"k": np.arange(FRAGMENT_ROWS, dtype=np.int64)}).with_columns(v=pl.lit(float(i)))  # noqa: E731
 
-    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=5_000_000_000,
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=6_000_000_000,
                                                             spill_results="host", host_spill_limit=1_610_612_736)))
     def fragmented_pool():
         held = [execute(big(i), name=f"big-{i}") for i in range(FRAGMENT_TABLES)]
