@@ -60,7 +60,8 @@ def silence_unstable_warning() -> None:
 PACK_VIA_DEVICE = False
 #: rmm pool sizes are multiples of this (bytes).
 PINNED_ALIGNMENT = 256
-#: The pinned pool's first size (bytes); it grows by doubling as moves need (:meth:`StreamingRunningEngine.pinned_pool`).
+#: The pinned pool's first size (bytes); it grows by its own size as moves need
+#: (:meth:`StreamingRunningEngine.pinned_pool`).
 PINNED_FIRST = 2**30
 #: rapidsmpf runs a higher priority's spill function first; cudf-polars 26.10 registers a query's buffers at 0.
 HELD_RESULTS_SPILL_PRIORITY = 1
