@@ -59,8 +59,8 @@ class PeakSampler:
         self._thread.join()
 
 
-def table(i: int) -> pl.LazyFrame:
-    return pl.LazyFrame({"k": np.arange(ROWS, dtype=np.int64)}).with_columns(v=pl.lit(float(i)))
+def table(i: int, rows: int = ROWS) -> pl.LazyFrame:
+    return pl.LazyFrame({"k": np.arange(rows, dtype=np.int64)}).with_columns(v=pl.lit(float(i)))
 
 
 @gpu_task
@@ -158,12 +158,10 @@ def test_a_move_the_pinned_pool_has_no_free_block_for_goes_by_the_host_frame_rou
     """Under ``host_spill_limit`` of 1.5 GiB the pinned pool's blocks are 1 GiB and 512 MiB: they hold three
     400 MB results, and the fourth, which the host budget admits (410 MB left), fits no block's free tail and no
     growth under the limit: it moves by the host frame route, and every result reads back equal to polars."""
-    big = lambda i: pl.LazyFrame({"k": np.arange(FRAGMENT_ROWS, dtype=np.int64)}).with_columns(v=pl.lit(float(i)))  # noqa: E731
-
     @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=6_000_000_000,
                                                             spill_results="host", host_spill_limit=1_610_612_736)))
     def fragmented_pool():
-        held = [execute(big(i), name=f"big-{i}") for i in range(FRAGMENT_TABLES)]
+        held = [execute(table(i, FRAGMENT_ROWS), name=f"big-{i}") for i in range(FRAGMENT_TABLES)]
         return [collect(total(r)).row(0) for r in held], get_engine_session().summary()["held"]["spills"]
 
     sums, spills = fragmented_pool()
