@@ -151,15 +151,19 @@ def test_a_query_that_needs_the_room_held_results_take_gets_it_on_demand_with_sp
 
 
 FRAGMENT_ROWS = 25_000_000  # int64 and float64 columns: a 400,000,000-byte result
-FRAGMENT_TABLES = 16  # under a 6 GB limit the held budget of 4.8 GB keeps twelve: four move out
+FRAGMENT_LIMIT = 20_000_000_000  # a held budget of 16 GB keeps forty and leaves 4 GB to make the next one in
+FRAGMENT_TABLES = 44  # four move out: three fill the pool's two blocks, the fourth fits neither
 
 
 def test_a_move_the_pinned_pool_has_no_free_block_for_goes_by_the_host_frame_route_and_reads_back_equal(warm):
     """Under ``host_spill_limit`` of 1.5 GiB the pinned pool's blocks are 1 GiB and 512 MiB: they hold three
     400 MB results, and the fourth, which the host budget admits (410 MB left), fits no block's free tail and no
-    growth under the limit: it moves by the host frame route, and every result reads back equal to polars."""
-    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=6_000_000_000,
-                                                            spill_results="host", host_spill_limit=1_610_612_736)))
+    growth under the limit: it moves by the host frame route, and every result reads back equal to polars.
+    ``spill_device_limit="100%"`` keeps rapidsmpf's spill manager from asking for room below the limit, so every
+    move is the ledger's own after an engine call."""
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(
+        backend="spmd", device_memory_limit=FRAGMENT_LIMIT, spill_device_limit="100%", spill_results="host",
+        host_spill_limit=1_610_612_736)))
     def fragmented_pool():
         held = [execute(table(i, FRAGMENT_ROWS), name=f"big-{i}") for i in range(FRAGMENT_TABLES)]
         return [collect(total(r)).row(0) for r in held], get_engine_session().summary()["held"]["spills"]
@@ -169,7 +173,7 @@ def test_a_move_the_pinned_pool_has_no_free_block_for_goes_by_the_host_frame_rou
     assert driver_used() - before <= DRIVER_SLACK  # the host frame route leaves nothing on the device
     k = FRAGMENT_ROWS * (FRAGMENT_ROWS - 1) // 2
     assert sums == [(i * float(FRAGMENT_ROWS), k, FRAGMENT_ROWS) for i in range(FRAGMENT_TABLES)]
-    assert spills["routes"].get("pinned", 0) >= 1 and spills["routes"].get("host frame", 0) >= 1, spills
+    assert spills["routes"] == {"pinned": 3, "host frame": 1} and spills["on_demand"] == 0, spills
     assert spills["back"] == spills["results"], spills
 
 
