@@ -95,12 +95,6 @@ class ResultBook:
             self._counts["released_unconsumed"] += len(live)
             return live
 
-    def clear(self) -> list[GPUResult]:
-        """Let go of every result (the session has ended); returns them."""
-        with self._lock:
-            every, self._all = list(self._all), weakref.WeakSet()
-            return every
-
 
 def _may_be_read(result: weakref.ref[GPUResult], source: weakref.ref[object] | None) -> bool:
     """Whether a claimed result's frame may still be read by a plan: while its handle lives, until a query has read

@@ -345,7 +345,7 @@ class EngineSession(EngineCalls):
                 logger.debug("Engine session %s: queueing its end failed: %s", self.id, also)
         finally:
             tombstone = EndedSession(self.id, self.backend, self.served_run, self.subflow)
-            for result in self._book.clear():
+            for result in self._book.results()[0]:
                 result.end(tombstone, drop=done)
             self.state, self.host = State.CLOSED, (None if done else host)
             last = exits.closed(self)
