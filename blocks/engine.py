@@ -48,7 +48,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect_cudf_polars.blocks.admission import Admission, Log, admitted
@@ -109,7 +108,7 @@ class EngineHost:
         self.ledger, self.admission, self.start_seconds, self.shutdown_seconds = MemoryLedger(), Admission(), 0.0, 0.0
         self._failed_call = False  # a call on the owner thread raised: collect garbage at the close
         self._closing_at, self._ended, self._accepting = 0.0, ended, True
-        self._stack = ExitStack()  # first in, last out: the admission slots, the engine's drop, the engine
+        self._stack = contextlib.ExitStack()  # first in, last out: the admission slots, the engine's drop, the engine
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: set[Future[Any]] = set()  # queued calls that have not started
         self._lock = threading.Lock()
@@ -380,7 +379,7 @@ class EngineHost:
 @contextlib.contextmanager
 def call_environment(running: RunningEngine, env: Mapping[str, str | None] | None) -> Iterator[None]:
     """Set ``env`` in this process and on every rank for one engine call (``None`` unsets a variable); put back after."""
-    with ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         if env:
             stack.enter_context(environment(env))
             stack.callback(running.restore_rank_environment)
