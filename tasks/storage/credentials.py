@@ -121,9 +121,8 @@ class S3Access:
 
     def _keys(self) -> dict[str, str | None]:
         """Key id, secret key and session token as plain text (``None`` each when anonymous), by boto3's names."""
-        keys = (self.access_key_id, self.secret_access_key, self.session_token)
-        names = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
-        return {name: None if self.anonymous else _reveal(key) for name, key in zip(names, keys)}
+        return {f"aws_{field}": None if self.anonymous else _reveal(getattr(self, field))
+                for field in ("access_key_id", "secret_access_key", "session_token")}
 
     def secrets(self) -> list[str]:
         """The secret strings (key id, secret key, session token) to keep out of messages."""
