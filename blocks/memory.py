@@ -221,7 +221,7 @@ class MemoryLedger:
         self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
         self._demand_lock = threading.Lock()  # moves on a running query's demand, one thread at a time
-        self._stuck: weakref.WeakSet[GPUResult] = weakref.WeakSet()  # failed on demand; tried again at the next call
+        self._demand_failed = False  # a move on demand failed: no more until the next engine call
 
     def start(self, spill: str, limit: int | None, ranks: int, host_limit: int = 0) -> None:
         """The engine started: the block's ``spill_results``, its limit in bytes per rank (``None``: none), its ranks,
@@ -287,7 +287,7 @@ class MemoryLedger:
         """
         if self.limit is None:
             return []
-        self._stuck.clear()  # no query runs now: a move on demand may go again
+        self._demand_failed = False  # no query runs now: moves on demand may go again
         while True:
             results = self._results()
             live = [r for r in results if r.state == "live"]
@@ -329,30 +329,28 @@ class MemoryLedger:
         on ``spmd`` the allocation that would pass the limit, on ``cpu`` the bytes past it): with ``spill="host"``,
         move unread results the running call does not read to host memory, least recently produced first, until
         as many bytes left the engine. Returns the bytes that did (any: the engine tries again; none: its
-        allocation fails as out of memory). A failure to move is logged once, never raised; the result stays
-        readable, and is not tried again on demand until the next engine call (rapidsmpf's spill manager asks
-        again every time its periodic check finds a reservation past ``spill_device_limit``).
+        allocation fails as out of memory). A failure to move is logged, never raised; the result stays readable,
+        and no move on demand is tried again until the next engine call (rapidsmpf's spill manager asks every time its
+        periodic check finds a reservation past ``spill_device_limit``).
         """
-        if self.limit is None or self.spill != "host" or nbytes > self.limit or getattr(_moving, "now", False):
+        if (self.limit is None or self.spill != "host" or nbytes > self.limit or getattr(_moving, "now", False)
+                or self._demand_failed):
             return 0  # an allocation past the limit never fits; a move's own allocations do not ask again
-        freed = 0
+        freed, result = 0, None
         with self._demand_lock:  # one thread moves at a time: each counts its own moves against the room left
-            while freed < nbytes and (fits := [r for r in self._movable(self._results(), set(range(self.ranks)), {})[1]
-                                               if r not in self._stuck]):
-                before = on_engine(result := fits[0])
-                try:
-                    moved = self._move_out(result, running, frame_route=False)
-                except Exception as exc:  # a failed pack takes nothing from the engine: the result stays readable
-                    self._stuck.add(result)
-                    logger.warning("cudf-polars could not move held result %r (%s bytes) to host memory for a running "
-                                   "query, which may run out of device memory; host_spill_limit is %s bytes: %s: %s",
-                                   result.name, f"{result.bytes or 0:,}", f"{self.host_limit:,}", type(exc).__name__,
-                                   exc)
-                    continue
-                if moved:
-                    with self._lock:
-                        self.spills["on_demand"] += 1
-                    freed += before
+            try:
+                while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)), {})[1]):
+                    result = fits[0]
+                    before = on_engine(result)
+                    if self._move_out(result, running, frame_route=False):
+                        with self._lock:
+                            self.spills["on_demand"] += 1
+                        freed += before
+            except Exception as exc:  # a failed pack takes nothing from the engine: the result stays readable
+                self._demand_failed = True
+                logger.warning("cudf-polars could not move held result %r to host memory for a running query, "
+                               "which may run out of device memory (host_spill_limit=%s bytes): %s: %s",
+                               getattr(result, "name", None), f"{self.host_limit:,}", type(exc).__name__, exc)
         return freed
 
     def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult], *,
