@@ -221,7 +221,9 @@ class MemoryLedger:
         self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
         self._demand_lock = threading.Lock()  # moves on a running query's demand, one thread at a time
-        self._demand_failed = False  # a move on demand failed: no more until the next engine call
+        # Moves on demand wait: one failed, or the owner thread is moving a result (holding its lock, where the host
+        # frame route runs the engine). Cleared when the ledger has made room for a call.
+        self._no_demand = False
 
     def start(self, spill: str, limit: int | None, ranks: int, host_limit: int = 0) -> None:
         """The engine started: the block's ``spill_results``, its limit in bytes per rank (``None``: none), its ranks,
@@ -287,7 +289,6 @@ class MemoryLedger:
         """
         if self.limit is None:
             return []
-        self._demand_failed = False  # no query runs now: moves on demand may go again
         while True:
             results = self._results()
             live = [r for r in results if r.state == "live"]
@@ -303,6 +304,8 @@ class MemoryLedger:
                 if refuse:
                     raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
                 break
+            with self._demand_lock:  # a demand waits for no result lock this move holds
+                self._no_demand = True
             self._move_out(fits[0], running)  # the least recently produced that host memory can take
         frames = []
         for result in read.values():
@@ -312,6 +315,8 @@ class MemoryLedger:
                 started = time.perf_counter()
                 running.move_back(persisted)
                 self._count(result, "back", time.perf_counter() - started, PINNED)
+        with self._demand_lock:  # a call runs next: moves on its demand may go again
+            self._no_demand = False
         return frames
 
     def _movable(self, results: list[GPUResult], ranks: set[int], read: Mapping[str, GPUResult],
@@ -330,24 +335,25 @@ class MemoryLedger:
         move unread results the running call does not read to host memory, least recently produced first, until
         as many bytes left the engine. Returns the bytes that did (any: the engine tries again; none: its
         allocation fails as out of memory). A failure to move is logged, never raised; the result stays readable,
-        and no move on demand is tried again until the next engine call (rapidsmpf's spill manager asks every time its
-        periodic check finds a reservation past ``spill_device_limit``).
+        and no move on demand is tried again until the ledger next makes room for an engine call (rapidsmpf's spill
+        manager asks every time its periodic check finds a reservation past ``spill_device_limit``). While the ledger
+        moves results to make room (the host frame route runs the engine), a demand moves nothing.
         """
-        if (self.limit is None or self.spill != "host" or nbytes > self.limit or getattr(_moving, "now", False)
-                or self._demand_failed):
+        if self.limit is None or self.spill != "host" or nbytes > self.limit or getattr(_moving, "now", False):
             return 0  # an allocation past the limit never fits; a move's own allocations do not ask again
         freed, result = 0, None
         with self._demand_lock:  # one thread moves at a time: each counts its own moves against the room left
+            if self._no_demand:
+                return 0
             try:
                 while freed < nbytes and (fits := self._movable(self._results(), set(range(self.ranks)), {})[1]):
-                    result = fits[0]
-                    before = on_engine(result)
+                    before = on_engine(result := fits[0])
                     if self._move_out(result, running, frame_route=False):
                         with self._lock:
                             self.spills["on_demand"] += 1
                         freed += before
             except Exception as exc:  # a failed pack takes nothing from the engine: the result stays readable
-                self._demand_failed = True
+                self._no_demand = True
                 logger.warning("cudf-polars could not move held result %r to host memory for a running query, "
                                "which may run out of device memory (host_spill_limit=%s bytes): %s: %s",
                                getattr(result, "name", None), f"{self.host_limit:,}", type(exc).__name__, exc)
