@@ -221,8 +221,8 @@ class MemoryLedger:
         self._moved: weakref.WeakKeyDictionary[GPUResult, Moved] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the ledger's entries and figures, read from any thread
         self._demand_lock = threading.Lock()  # moves on a running query's demand, one thread at a time
-        # Moves on demand wait: one failed, or the owner thread is moving a result (holding its lock, where the host
-        # frame route runs the engine). Cleared when the ledger has made room for a call.
+        # Demands move nothing: from the ledger's first move in make_room until its moves end (it holds the moved
+        # result's lock, and the host frame route runs the engine), and after a failed demand until they end again.
         self._no_demand = False
 
     def start(self, spill: str, limit: int | None, ranks: int, host_limit: int = 0) -> None:
@@ -289,34 +289,35 @@ class MemoryLedger:
         """
         if self.limit is None:
             return []
-        while True:
-            results = self._results()
-            live = [r for r in results if r.state == "live"]
-            # Held: the unread results, and the inputs unread deferred results hold for their readers.
-            others = list({r.id: r for d in live if d.id not in read for r in read_by((d,)).values()}.values())
-            largest = [max((r.rank_bytes[rank] for r in results if r.persisted is not None and len(r.rank_bytes) > rank),
-                           default=0) for rank in range(self.ranks)]  # a result in host memory comes back whole
-            over = over_budget(self.limit, self._by_rank(others), largest)
-            if not over:
-                break
-            movable, fits = self._movable(results, {rank for rank, _, _ in over}, read, keep)
-            if self.spill != "host" or not fits:
-                if refuse:
-                    raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
-                break
-            with self._demand_lock:  # a demand waits for no result lock this move holds
-                self._no_demand = True
-            self._move_out(fits[0], running)  # the least recently produced that host memory can take
-        frames = []
-        for result in read.values():
-            if isinstance(persisted := result.persisted, HostCopy):
-                frames.append(result)
-            elif persisted is not None and persisted.moved_out:  # pinned: back into the store in place
+        try:
+            while True:
+                results = self._results()
+                live = [r for r in results if r.state == "live"]
+                # Held: the unread results, and the inputs unread deferred results hold for their readers.
+                others = list({r.id: r for d in live if d.id not in read for r in read_by((d,)).values()}.values())
+                # The largest partition on each rank (a result in host memory comes back whole).
+                largest = [max((r.rank_bytes[rank] for r in results if r.persisted is not None
+                                and len(r.rank_bytes) > rank), default=0) for rank in range(self.ranks)]
+                over = over_budget(self.limit, self._by_rank(others), largest)
+                if not over:
+                    break
+                movable, fits = self._movable(results, {rank for rank, _, _ in over}, read, keep)
+                if self.spill != "host" or not fits:
+                    if refuse:
+                        raise DeviceMemoryError(self._refusal(others, over[0], results, host_full=bool(movable)))
+                    break
+                with self._demand_lock:  # a demand waits for no result lock this move holds
+                    self._no_demand = True
+                self._move_out(fits[0], running)  # the least recently produced that host memory can take
+        finally:
+            with self._demand_lock:  # the ledger's moves are over: demands may move again
+                self._no_demand = False
+        frames = [result for result in read.values() if isinstance(result.persisted, HostCopy)]
+        for result in read.values():  # the pinned ones go back into the store in place
+            if in_host_memory(result) and not isinstance(persisted := result.persisted, HostCopy):
                 started = time.perf_counter()
                 running.move_back(persisted)
                 self._count(result, "back", time.perf_counter() - started, PINNED)
-        with self._demand_lock:  # a call runs next: moves on its demand may go again
-            self._no_demand = False
         return frames
 
     def _movable(self, results: list[GPUResult], ranks: set[int], read: Mapping[str, GPUResult],
@@ -335,9 +336,11 @@ class MemoryLedger:
         move unread results the running call does not read to host memory, least recently produced first, until
         as many bytes left the engine. Returns the bytes that did (any: the engine tries again; none: its
         allocation fails as out of memory). A failure to move is logged, never raised; the result stays readable,
-        and no move on demand is tried again until the ledger next makes room for an engine call (rapidsmpf's spill
-        manager asks every time its periodic check finds a reservation past ``spill_device_limit``). While the ledger
-        moves results to make room (the host frame route runs the engine), a demand moves nothing.
+        and no move on demand is tried again until the ledger next makes room, before or after an engine call
+        (rapidsmpf's spill manager asks every time its periodic check finds a reservation past
+        ``spill_device_limit``). From the ledger's first move in :meth:`make_room` until its moves end (also when they
+        fail), a demand moves nothing: the ledger holds the moved result's lock, and the host frame route runs the
+        engine.
         """
         if self.limit is None or self.spill != "host" or nbytes > self.limit or getattr(_moving, "now", False):
             return 0  # an allocation past the limit never fits; a move's own allocations do not ask again
