@@ -9,7 +9,8 @@ sampled every 5 ms) stays within the limit above its figure before the flow run 
 CUDA context, made by a first flow run). A query whose 400 MB result does not fit beside 700 MB
 of held tables under that limit runs out of memory with spill off; with spill host the engine's
 memory resource asks for room as it runs and the oldest tables move out. A move the pinned pool has no free
-block for, near ``host_spill_limit``, goes by the host frame route. ``tee`` of a loaded table makes its copies as device
+block for, near ``host_spill_limit``, goes by the host frame route; on a running query's demand it fails the call
+that needed the room, with one WARNING. ``tee`` of a loaded table makes its copies as device
 copies of the partitions: nothing is produced again, and each copy reads equal to polars.
 """
 
@@ -176,6 +177,33 @@ def test_a_move_the_pinned_pool_has_no_free_block_for_goes_by_the_host_frame_rou
     routes = spills["routes"]  # the pool's two blocks take three at once; the one neither fits goes by the frame route
     assert routes.get("pinned", 0) >= 3 and routes.get("host frame", 0) >= 1 and spills["on_demand"] == 0, spills
     assert spills["back"] == spills["results"], spills
+
+
+@pytest.mark.timeout(300)
+def test_a_pinned_pool_that_cannot_take_a_result_on_demand_ends_the_flow_run_with_one_warning_per_call(warm, caplog):
+    """Under a 6 GB limit, making a 400 MB table takes more room than the held budget leaves, so queries ask for
+    room as they run; under ``host_spill_limit`` of 1.5 GiB the pinned pool takes three results, then none. A
+    call that finds no room fails with ``DeviceMemoryError``; every other result reads back equal to polars, the
+    ledger logs at most one such WARNING per engine call (not one per periodic spill check), the flow run ends,
+    and the driver's used memory comes back."""
+    @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=6_000_000_000,
+                                                            spill_results="host", host_spill_limit=1_610_612_736)))
+    def pool_full_on_demand():
+        states = [execute(table(i, FRAGMENT_ROWS), name=f"big-{i}", return_state=True) for i in range(16)]
+        outcomes = [state.result(raise_on_failure=False) for state in states]
+        sums = {i: collect(total(r)).row(0) for i, r in enumerate(outcomes) if isinstance(r, GPUResult)}
+        return [type(r).__name__ for r in outcomes], sums, get_engine_session().summary()["held"]["spills"]
+
+    before = driver_used()
+    kinds, sums, spills = pool_full_on_demand()
+    assert driver_used() - before <= DRIVER_SLACK
+    assert set(kinds) <= {"GPUResult", "DeviceMemoryError"}, kinds
+    k = FRAGMENT_ROWS * (FRAGMENT_ROWS - 1) // 2
+    assert sums == {i: (i * float(FRAGMENT_ROWS), k, FRAGMENT_ROWS) for i, kind in enumerate(kinds)
+                    if kind == "GPUResult"}
+    warned = [r for r in caplog.records if "could not move held result" in r.getMessage()]
+    assert len(warned) <= len(kinds) + 2 * len(sums), len(warned)  # engine calls: 16 tables, a sum and collect each
+    assert spills["back"] == spills["results"] and spills["routes"].get("pinned", 0) >= 3, spills
 
 
 def test_tee_copies_a_loaded_table_on_the_device_and_each_copy_reads_equal_to_polars(tmp_path):
