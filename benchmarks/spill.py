@@ -133,7 +133,7 @@ def measure(sizes: list[float], runs: int, lineitem: str | None) -> dict[str, An
             for index in range(runs + 1):
                 for route in ROUTES:
                     measured = session.run(one_round, running, source, route, pool_bytes)
-                    if index:  # the first round warms up (the pinned pool grows to its size)
+                    if index:  # after the warm-up round, which makes or grows the pinned pool (a timed one may too)
                         rounds[route].append(measured)
                     elif route == "pinned":  # the engine's first move makes the pool, then each size grows it
                         out.setdefault("first_pinned", {})[f"{size:g}"] = {
