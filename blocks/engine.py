@@ -48,18 +48,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from prefect_cudf_polars.blocks.admission import Admission, Log, admitted
+from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.choice import gpus_used, start_backend
 from prefect_cudf_polars.blocks.backends.environment import environment
 from prefect_cudf_polars.blocks.backends.probe import host_memory_per_gpu, memory_total
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.memory import MemoryLedger
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 T = TypeVar("T")
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from prefect_cudf_polars.blocks.backends.engine_errors import drop_frame_locals, raise_engine_error
 from prefect_cudf_polars.blocks.deferred import FusedStep, fused_note
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine import EngineHost
-    from prefect_cudf_polars.blocks.runs import RunIdentity
+from prefect_cudf_polars.blocks.engine import EngineHost
+from prefect_cudf_polars.blocks.runs import RunIdentity
 
 
 class PendingCall:

@@ -52,17 +52,15 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 from prefect.logging.loggers import get_logger
 
+from prefect_cudf_polars.blocks.backends.base import PersistedResult, RunningEngine
 from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.errors import MAKE_ROOM, RUN_PRODUCER_AGAIN, DeviceMemoryError
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.backends.base import PersistedResult, RunningEngine
-    from prefect_cudf_polars.blocks.results import GPUResult
+from prefect_cudf_polars.blocks.results import GPUResult
 
 logger = get_logger("prefect_cudf_polars")
 

@@ -11,10 +11,9 @@ engine. Each ``result`` below is the ``GPUResult`` asking.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.backends.base import PersistedResult
+from prefect_cudf_polars.blocks.backends.base import PersistedResult
 
 
 class ResultOwner(Protocol):

@@ -39,21 +39,19 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import polars as pl
 from prefect.cache_policies import STABLE_TRANSFORMS
 from pydantic_core import SchemaSerializer, core_schema
 
 from prefect_cudf_polars.blocks import errors
+from prefect_cudf_polars.blocks.backends.base import PersistedResult
 from prefect_cudf_polars.blocks.backends.plans import cache_id
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan
 from prefect_cudf_polars.blocks.persistence import cache_key_form, refuse_host_persistence
+from prefect_cudf_polars.blocks.result_owner import EndedSession, ResultOwner
 from prefect_cudf_polars.blocks.runs import RunIdentity, current_run
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.backends.base import PersistedResult
-    from prefect_cudf_polars.blocks.result_owner import EndedSession, ResultOwner
 
 ResultState = Literal["live", "consumed", "released"]
 

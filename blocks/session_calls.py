@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
@@ -23,6 +23,7 @@ from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
 from prefect_cudf_polars.blocks.backends.plans import input_reads, plans_later, prepare_result
 from prefect_cudf_polars.blocks.deferred import FusedStep, HeldPlan
 from prefect_cudf_polars.blocks.engine import EngineHost, call_environment
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.engine_call import PendingCall
 from prefect_cudf_polars.blocks.errors import SessionError
 from prefect_cudf_polars.blocks.lineage import Lineage
@@ -30,10 +31,7 @@ from prefect_cudf_polars.blocks.memory import read_by
 from prefect_cudf_polars.blocks.result_book import ResultBook
 from prefect_cudf_polars.blocks.results import GPUResult, claimed_by, fused_steps
 from prefect_cudf_polars.blocks.runs import RunIdentity, current_run
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
-    from prefect_cudf_polars.blocks.telemetry import SessionTelemetry
+from prefect_cudf_polars.blocks.telemetry import SessionTelemetry
 
 
 class EngineCalls:

@@ -16,7 +16,7 @@ import warnings
 import weakref
 from collections.abc import Mapping
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
@@ -24,10 +24,8 @@ from prefect_cudf_polars.blocks.backends import compat
 from prefect_cudf_polars.blocks.backends.base import Reading, RunningEngine
 from prefect_cudf_polars.blocks.backends.environment import apply_environment_on_rank, restore_environment_on_rank
 from prefect_cudf_polars.blocks.backends.probe import gpu_memory_bytes, host_memory_per_gpu
+from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.memory_demand import listen
-
-if TYPE_CHECKING:
-    from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 
 
 def rapids_versions() -> dict[str, str]:
