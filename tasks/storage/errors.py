@@ -75,12 +75,10 @@ def answer_of(exc: BaseException) -> tuple[str, str]:
     exc
         A ``botocore.exceptions.ClientError`` (server answer) or a connection error.
     """
-    seen: BaseException | None = exc
-    while seen is not None:
+    for seen in iter_exceptions(exc):  # it, and what caused it
         if response := getattr(seen, "response", None):
             return (str(response.get("Error", {}).get("Code", "")),
                     str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", "")))
-        seen = seen.__cause__ or seen.__context__
     # boto3's S3UploadFailedError quotes the answer in its message only.
     match = _QUOTED_CODE.search(str(exc))
     code = match.group(1) if match else ""
