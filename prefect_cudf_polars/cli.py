@@ -190,10 +190,9 @@ def deploy_commands(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = 
     save = ["prefect-cudf-polars", "save-engine", engine_block, "--backend", backend]
     save += ["--cpu-fallback"] if cpu_fallback else []
     save += ["--device-memory-limit", str(device_memory_limit)] if device_memory_limit is not None else []
-    save += ["--admission-limit", admission_limit] if admission_limit is not None else []
-    if admission_limit is None:
-        sharing = [["prefect", "work-pool", "set-concurrency-limit", pool, "1"]]
-    else:
+    sharing = [["prefect", "work-pool", "set-concurrency-limit", pool, "1"]]
+    if admission_limit is not None:
+        save += ["--admission-limit", admission_limit]
         sharing = [["prefect-cudf-polars", "admission-limit", admission_limit, "--slots", str(gpu_memory_gib)],
                    ["prefect", "work-pool", "clear-concurrency-limit", pool]]
     return [
