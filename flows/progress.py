@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.context import FlowRunContext
 from rich.console import Console
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -44,9 +46,6 @@ class StepProgress:
     """
 
     def __init__(self, steps: Sequence[str], *, key: str, console: Console | None = None) -> None:
-        from prefect.artifacts import create_progress_artifact
-        from prefect.context import FlowRunContext
-
         self.steps = list(steps)
         self.key = key
         self.done_steps: list[str] = []
@@ -82,8 +81,6 @@ class StepProgress:
             raise ValueError(f"Unknown step {step!r}; the steps are {self.steps}.")
         self.done_steps.append(step)
         if self.artifact_id is not None:
-            from prefect.artifacts import update_progress_artifact
-
             self._publish("update", update_progress_artifact, artifact_id=self.artifact_id, progress=self.percent,
                           description=f"{len(self.done_steps)}/{len(self.steps)} steps done; last: {step}")
         line = Table.grid(padding=(0, 1))
