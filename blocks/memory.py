@@ -58,7 +58,7 @@ import polars as pl
 from prefect.logging.loggers import get_logger
 
 from prefect_cudf_polars.blocks.backends.base import PersistedResult, RunningEngine
-from prefect_cudf_polars.blocks.backends.engine_errors import raise_engine_error
+from prefect_cudf_polars.blocks.backends.engine_errors import drop_frame_locals, raise_engine_error
 from prefect_cudf_polars.blocks.errors import MAKE_ROOM, RUN_PRODUCER_AGAIN, DeviceMemoryError
 from prefect_cudf_polars.blocks.results import GPUResult
 
@@ -247,6 +247,7 @@ class MemoryLedger:
             try:
                 self.make_room({}, running, keep=fresh, refuse=False)
             except Exception as exc:
+                drop_frame_locals(exc)  # its frames hold partitions, which a log record keeping exc would pin
                 logger.warning("cudf-polars could not move a result to host memory after %r was produced: %s: %s",
                                fresh.name, type(exc).__name__, exc)
 
@@ -354,6 +355,7 @@ class MemoryLedger:
                             self.spills["on_demand"] += 1
                         freed += before
             except Exception as exc:  # a failed pack takes nothing from the engine: the result stays readable
+                drop_frame_locals(exc)  # its frames hold the partition, which a log record keeping exc would pin
                 self._no_demand = True
                 logger.warning("cudf-polars could not move held result %r to host memory for a running query, "
                                "which may run out of device memory (host_spill_limit=%s bytes): %s: %s",
