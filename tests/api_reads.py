@@ -42,6 +42,18 @@ def task_run_list(flow_run_id, *, expect: int = 0, final: bool = False, timeout:
         time.sleep(0.5)
 
 
+def final_task_run(task_run_id, *, timeout: float = 30.0) -> Any:
+    """One task run's record once it holds a final state (Prefect 3.9 records it from its events, a moment after
+    the run), or as it is when ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with get_client(sync_client=True) as client:
+            run = client.read_task_run(task_run_id)
+        if (run.state is not None and run.state.is_final()) or time.monotonic() > deadline:
+            return run
+        time.sleep(0.5)
+
+
 def task_runs_of(flow_run_id, *, expect: int = 0, final: bool = False, timeout: float = 30.0) -> dict[str, Any]:
     """The task runs of a flow run, by name (see :func:`task_run_list` for ``expect`` and ``final``)."""
     return {run.name: run for run in task_run_list(flow_run_id, expect=expect, final=final, timeout=timeout)}

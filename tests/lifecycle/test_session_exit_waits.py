@@ -15,8 +15,8 @@ import threading
 import polars as pl
 import pytest
 from prefect import flow
-from prefect.client.orchestration import get_client
 
+from api_reads import final_task_run
 from prefect_cudf_polars.blocks import CudfPolarsEngine, SessionError
 from prefect_cudf_polars.tasks import collect, execute, gpu_task
 from slow_queries import sleeping
@@ -26,8 +26,7 @@ SLOW_S = 2.0
 
 
 def task_run_state(task_run_id):
-    with get_client(sync_client=True) as client:
-        return client.read_task_run(task_run_id).state
+    return final_task_run(task_run_id).state
 
 
 def test_a_block_session_waits_for_a_task_run_in_its_engine_call(cpu_block, orders, unchecked_cpu_backend):

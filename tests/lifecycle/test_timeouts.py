@@ -27,6 +27,7 @@ import pytest
 from prefect import flow
 from prefect.client.orchestration import get_client
 
+from api_reads import final_task_run
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.tasks import collect, execute, gpu_task
 from slow_queries import heavy_group_by, sleeping
@@ -54,8 +55,7 @@ times_out = gpu_task(name="times-out", timeout_seconds=TIMEOUT_S)(slow_query)
 
 def span(task_run_id):
     """A task run's final state and its seconds from start to end, from the API."""
-    with get_client(sync_client=True) as client:
-        run = client.read_task_run(task_run_id)
+    run = final_task_run(task_run_id)
     return run.state, (run.end_time - run.start_time).total_seconds()
 
 
