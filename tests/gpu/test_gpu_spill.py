@@ -9,8 +9,9 @@ sampled every 5 ms) stays within the limit above its figure before the flow run 
 CUDA context, made by a first flow run). A query whose 400 MB result does not fit beside 700 MB
 of held tables under that limit runs out of memory with spill off; with spill host the engine's
 memory resource asks for room as it runs and the oldest tables move out. A move the pinned pool has no free
-block for, near ``host_spill_limit``, goes by the host frame route; on a running query's demand it fails the call
-that needed the room, with one WARNING. ``tee`` of a loaded table makes its copies as device
+block for, near ``host_spill_limit``, goes by the host frame route; on a running query's demand it is not made (at most
+one WARNING per engine call), and the query goes on with the room it finds or fails as out of memory; either way no
+partition stays on the device once read. ``tee`` of a loaded table makes its copies as device
 copies of the partitions: nothing is produced again, and each copy reads equal to polars.
 """
 
@@ -185,7 +186,8 @@ def test_a_pinned_pool_that_cannot_take_a_result_on_demand_ends_the_flow_run_wit
     room as they run; under ``host_spill_limit`` of 1.5 GiB the pinned pool takes three results, then none. A
     call that finds no room fails with ``DeviceMemoryError``; every other result reads back equal to polars, the
     ledger logs at most one such WARNING per engine call (not one per periodic spill check), the flow run ends,
-    and the driver's used memory comes back."""
+    and the driver's used memory comes back, although pytest's ``caplog`` keeps every WARNING's record (a failed
+    move's traceback keeps no partition)."""
     @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=6_000_000_000,
                                                             spill_results="host", host_spill_limit=1_610_612_736)))
     def pool_full_on_demand():
