@@ -222,10 +222,6 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         parser.error(f"--output-dir {args.output_dir} cannot be created or written ({exc.strerror or exc}); "
                      "name a folder you can write")
-    # Prefect's telemetry service on a just-created local API database logs "database is
-    # locked" (and, offline, "Failed to send telemetry") as ERRORs; the local API the
-    # first call starts reads this from the environment.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         flight_delay_report(engine_block=args.engine, output_dir=args.output_dir, top=args.top, data_dir=args.data_dir)
     except (BlockNotFoundError, NoGPUError) as exc:  # what to do is in the message: no traceback
