@@ -76,45 +76,6 @@ def whole_gib(text: str) -> int:
     return int(text)
 
 
-def save_engine(name: str, *, backend: str, cpu_fallback: bool = False, device_memory_limit: int | str | None = None,
-                admission_limit: str | None = None, admission_timeout: float | None = None) -> str:
-    """
-    Save a ``cudf-polars-engine`` block under ``name`` (overwriting one of that name).
-
-    Parameters
-    ----------
-    name
-        Block document name (what ``CudfPolarsEngine.load(name)`` and the
-        deployment's ``engine_block`` parameter use).
-    backend
-        ``"auto"``, ``"spmd"``, ``"dask"``, ``"ray"`` or ``"cpu"``.
-    cpu_fallback
-        Use the ``cpu`` backend with a warning where no GPU is usable.
-    device_memory_limit
-        Device memory each flow run's engine may use: bytes, or a percentage of
-        the GPU's memory (``"40%"``); ``None``: the whole GPU.
-    admission_limit
-        The global concurrency limit whose slots (GiB) a flow run occupies while
-        its engine runs (needs ``device_memory_limit``); ``None``: no admission.
-    admission_timeout
-        Seconds a flow run waits for its slots (``None``: the block's default, 3600).
-
-    Returns
-    -------
-    str
-        The saved block's id.
-
-    Raises
-    ------
-    pydantic.ValidationError
-        If ``backend`` is not one of the names above, ``device_memory_limit`` is
-        not bytes or a percentage, or ``admission_limit`` comes without it.
-    """
-    timeout = {} if admission_timeout is None else {"admission_timeout": admission_timeout}
-    return str(CudfPolarsEngine(backend=backend, cpu_fallback=cpu_fallback, device_memory_limit=device_memory_limit,
-                                admission_limit=admission_limit, **timeout).save(name, overwrite=True))
-
-
 def set_admission_limit(name: str, slots: int) -> None:
     """
     Create the global concurrency limit ``name`` with ``slots`` slots, or set an existing one's size to ``slots``.
@@ -161,7 +122,7 @@ def deploy_commands(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = 
     Parameters
     ----------
     engine_block, backend, cpu_fallback
-        The engine block to save (see :func:`save_engine`).
+        The engine block to save (the fields of :class:`~prefect_cudf_polars.blocks.CudfPolarsEngine`).
     pool
         The process work pool (created or overwritten). It must match
         ``prefect.yaml``. Without admission its concurrency limit is 1: one
@@ -352,9 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> CudfPolarsEngine:
     """
-    Refuse, with argparse's one-line error (exit status 2), engine block arguments the block would refuse.
+    The engine block the arguments configure; refuse, with argparse's one-line error (exit status 2), arguments the
+    block would refuse.
 
     For ``deploy`` with ``--admission-limit``, also fill in ``args.gpu_memory_gib``
     from the smallest GPU here when it was not given: its GiB, rounded up, the
@@ -365,13 +327,13 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     from pydantic import ValidationError
 
     limit = args.device_memory_limit
-    fields = ("backend", "device_memory_limit", "admission_limit", "admission_timeout")
+    fields = ("backend", "cpu_fallback", "device_memory_limit", "admission_limit", "admission_timeout")
     try:  # the block's own validators say what each field allows (and that admission_limit needs a limit)
-        CudfPolarsEngine(**{name: getattr(args, name) for name in fields if getattr(args, name, None) is not None})
+        block = CudfPolarsEngine(**{key: getattr(args, key) for key in fields if getattr(args, key, None) is not None})
     except ValidationError as exc:
         parser.error(invalid_fields(exc))
     if args.command != "deploy" or args.admission_limit is None:
-        return
+        return block
     if args.gpu_memory_gib is None:
         found = gpu_probe.gpu_memory_bytes()
         if found is None:
@@ -381,6 +343,7 @@ def check_engine_arguments(parser: argparse.ArgumentParser, args: argparse.Names
     if isinstance(limit, int) and slots_for(limit) > args.gpu_memory_gib:
         parser.error(f"--device-memory-limit {limit} is {slots_for(limit)} GiB, more than the "
                      f"{args.gpu_memory_gib} GiB of --gpu-memory-gib: no flow run would ever be admitted")
+    return block
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -395,12 +358,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     # save-engine's --backend always has a value (auto by default), which deploy_backend keeps as given.
     args.backend, args.cpu_fallback, note = deploy_backend(args.backend, args.cpu_fallback)
-    check_engine_arguments(parser, args)
-    engine = {key: getattr(args, key) for key in ("backend", "cpu_fallback", "device_memory_limit", "admission_limit")}
+    block = check_engine_arguments(parser, args)
     if args.command == "save-engine":
-        block_id = save_engine(args.name, admission_timeout=args.admission_timeout, **engine)
+        block_id = block.save(args.name, overwrite=True)
         print(f"Saved cudf-polars-engine block {args.name!r} (backend={args.backend}, id {block_id})")
         return 0
+    engine = {key: getattr(args, key) for key in ("backend", "cpu_fallback", "device_memory_limit", "admission_limit")}
     if note is not None:
         print(note, flush=True)
     try:
