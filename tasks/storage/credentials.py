@@ -73,20 +73,28 @@ class S3Access:
         """Whether no key pair is configured."""
         return self.access_key_id is None or self.secret_access_key is None
 
-    def storage_options(self) -> dict[str, str]:
+    def storage_options(self, *, keys: bool = True) -> dict[str, str]:
         """
         polars ``storage_options`` for ``scan_parquet``/``sink_parquet`` (polars' own reader).
+
+        Parameters
+        ----------
+        keys
+            With the credentials (polars reads); ``False``: only the region and
+            endpoint, never a key (a scan cudf-polars runs, which keeps its
+            options in its query plan and takes the keys from :meth:`environment`).
 
         Returns
         -------
         dict of str to str
-            polars' object-store keys: ``aws_access_key_id``,
-            ``aws_secret_access_key``, ``aws_session_token``, ``aws_region`` and
-            ``aws_endpoint_url`` (polars allows an ``http://`` endpoint as given),
-            or ``aws_skip_signature`` when anonymous.
+            polars' object-store keys: ``aws_region`` and ``aws_endpoint_url``
+            (polars allows an ``http://`` endpoint as given); with ``keys``,
+            ``aws_access_key_id``, ``aws_secret_access_key`` and
+            ``aws_session_token``, or ``aws_skip_signature`` when anonymous.
         """
-        options = {"aws_region": self.region, "aws_endpoint_url": self.endpoint_url or None,
-                   "aws_skip_signature": "true" if self.anonymous else None, **self._keys()}
+        options = {"aws_region": self.region, "aws_endpoint_url": self.endpoint_url or None}
+        if keys:
+            options.update(aws_skip_signature="true" if self.anonymous else None, **self._keys())
         return {name: value for name, value in options.items() if value is not None}
 
     def environment(self) -> dict[str, str | None]:

@@ -80,9 +80,7 @@ def scan_parquet(source: str | Sequence[str], access: S3Access | None, *, backen
     """
     sources = _sources(source)
     if access is not None and any(is_s3_url(s) for s in sources):
-        public = {"aws_region": access.region, "aws_endpoint_url": access.endpoint_url}  # never a key
-        scan_options["storage_options"] = (access.storage_options() if backend == "cpu" else
-                                           {k: v for k, v in public.items() if v})
+        scan_options["storage_options"] = access.storage_options(keys=backend == "cpu")
     return pl.scan_parquet(sources if len(sources) > 1 else sources[0], **scan_options)
 
 
