@@ -99,11 +99,9 @@ def set_admission_limit(name: str, slots: int) -> None:
     fields = {"limit": slots, "active": True, "slot_decay_per_second": 0.0}
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, **fields))
-        else:
             client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(**fields))
+        except ObjectNotFound:  # none of that name yet
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, **fields))
 
 
 def deploy_commands(*, engine_block: str = DEFAULT_ENGINE_BLOCK, backend: str = "spmd", pool: str = DEFAULT_POOL,
