@@ -145,8 +145,14 @@ class EngineSession(EngineCalls):
             self.host, self.backend, self.timings["engine_start_s"] = shared.host, shared.backend, 0.0
             note = f"{shared.description.get('note', '')}; on the engine of session {shared.id[:8]} ({shared.served_run})"
             self.description = {**shared.description, "note": note}
-        else:
-            self._start()
+        else:  # a host of its own
+            self.backend, self.fallback_warning = resolve_backend(self.block)
+            if self.fallback_warning and self._telemetry.flow_run is None:
+                warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
+            self.host = EngineHost.start(self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}",
+                                         ended=self.ended_message, log=self._telemetry.log, flow_run_id=self.flow_run_id)
+            self._owns_host, self.description = True, self.host.description
+            self.timings.update(engine_start_s=self.host.start_seconds, admission_wait_s=self.host.admission.seconds)
         try:
             at_start = self.host.at_start if self._owns_host else self.host.read()  # type: ignore[union-attr]
             self._memory["at_start"] = self._telemetry.note(at_start).memory
@@ -163,15 +169,6 @@ class EngineSession(EngineCalls):
             raise
         self.announce()
         return self
-
-    def _start(self) -> None:
-        self.backend, self.fallback_warning = resolve_backend(self.block)
-        if self.fallback_warning and self._telemetry.flow_run is None:
-            warnings.warn(self.fallback_warning, RuntimeWarning, stacklevel=user_stacklevel())
-        self.host = EngineHost.start(self.backend, self.block, name=f"cudf-polars-engine-owner-{self.id[:8]}",
-                                     ended=self.ended_message, log=self._telemetry.log, flow_run_id=self.flow_run_id)
-        self._owns_host, self.description = True, self.host.description
-        self.timings.update(engine_start_s=self.host.start_seconds, admission_wait_s=self.host.admission.seconds)
 
     def _record_run(self) -> None:
         if self._telemetry.flow_run is None and (ctx := active.flow_run_context()) is not None:
