@@ -104,7 +104,7 @@ class EngineSession(EngineCalls):
         self.teardown, self._opened_by = "not started", ""
         self.host: EngineHost | None = None
         self._owns_host = self._announced = False
-        self._closing = self._ending = False  # close() under way / past waiting for the runs it serves
+        self._closing = False  # close() under way (past waiting for the runs it serves, its book is closed)
         self._token: contextvars.Token[Any] | None = None
         self._lock, self._book, self._engine_calls = threading.Lock(), ResultBook(), 0
         self.held = NO_LEDGER
@@ -187,8 +187,8 @@ class EngineSession(EngineCalls):
     # ---- what it is ------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        """Whether the session has ended (or is ending): it runs no more queries."""
-        return self.state is State.CLOSED or self._ending
+        """Whether the session has ended (or is ending: its book admits no more results): it runs no more queries."""
+        return self.state is State.CLOSED or not self._book.open
 
     @property
     def served_run(self) -> str | None:
@@ -325,7 +325,6 @@ class EngineSession(EngineCalls):
         done, still, interrupted = True, 0, None
         try:
             still = self._served.wait(limit)
-            self._ending = True
             for result in self._book.close():
                 self._telemetry.result_released(result, at_session_end=True)
             done = self._end_engine(host, limit)
