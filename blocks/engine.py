@@ -243,7 +243,7 @@ class EngineHost:
             Whatever the call raises, or what interrupted the wait.
         """
         try:
-            while not _ended_within(future, WAIT_SLICE_S):
+            while not ended_within(future, WAIT_SLICE_S):
                 pass
             return future.result()
         except CancelledError:
@@ -301,22 +301,6 @@ class EngineHost:
         """The engine's memory now, read on the owner thread."""
         return self.run(lambda: self.engine.read())
 
-    def run_bounded(self, fn: Callable[[], None], *, timeout: float) -> bool:
-        """
-        Run ``fn`` after the calls already queued, waiting at most ``timeout`` seconds.
-
-        Returns
-        -------
-        bool
-            True when it ended in time; False when not (it stays queued).
-
-        Raises
-        ------
-        SessionError
-            If the host has shut down.
-        """
-        return _ended_within(self.submit(fn), timeout)
-
     def shutdown(self, deadline: float | None, *, before: Callable[[], None] | None = None) -> bool:
         """
         Close the exit stack as the owner thread's last call (once), waiting at most ``deadline`` seconds.
@@ -349,7 +333,7 @@ class EngineHost:
             future = self.submit(self._close, before, last=True)
         except SessionError:
             return True
-        if _ended_within(future, deadline):
+        if ended_within(future, deadline):
             return True
         with self._lock:  # the calls queued behind the stuck one end now, with the session's error
             cancelled = [f for f in self._waiting if f is not future]
@@ -385,8 +369,9 @@ def call_environment(running: RunningEngine, env: Mapping[str, str | None] | Non
         yield
 
 
-def _ended_within(future: Future[Any], timeout: float | None) -> bool:
-    """Whether ``future`` ended within ``timeout`` seconds (re-raising what it raised)."""
+def ended_within(future: Future[Any], timeout: float | None) -> bool:
+    """Whether ``future`` (an owner thread's call, :meth:`EngineHost.submit`) ended within ``timeout`` seconds
+    (re-raising what it raised); one that did not stays queued."""
     try:
         future.result(timeout=timeout)
     except FutureTimeout:

@@ -34,7 +34,7 @@ from prefect.exceptions import TerminationSignal
 from prefect_cudf_polars.blocks import active, exits
 from prefect_cudf_polars.blocks.backends.choice import resolve_backend
 from prefect_cudf_polars.blocks.backends.compat import stop_resource_tracker
-from prefect_cudf_polars.blocks.engine import EngineHost
+from prefect_cudf_polars.blocks.engine import EngineHost, ended_within
 from prefect_cudf_polars.blocks.nesting import shared_host
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.active import get_engine_session  # noqa: F401 (also importable from here)
@@ -372,7 +372,7 @@ class EngineSession(EngineCalls):
             for result in holding:
                 result.drop_partitions()
 
-        return host.run_bounded(drop, timeout=limit)
+        return ended_within(host.submit(drop), limit)
 
     def close_at_exit(self) -> None:
         """Close at interpreter exit: Prefect's services may have stopped, so say nothing to Prefect."""
