@@ -247,7 +247,6 @@ class MemoryLedger:
             try:
                 self.make_room({}, running, keep=fresh, refuse=False)
             except Exception as exc:
-                drop_frame_locals(exc)  # its frames hold partitions, which a log record keeping exc would pin
                 logger.warning("cudf-polars could not move a result to host memory after %r was produced: %s: %s",
                                fresh.name, type(exc).__name__, exc)
 
@@ -355,7 +354,6 @@ class MemoryLedger:
                             self.spills["on_demand"] += 1
                         freed += before
             except Exception as exc:  # a failed pack takes nothing from the engine: the result stays readable
-                drop_frame_locals(exc)  # its frames hold the partition, which a log record keeping exc would pin
                 self._no_demand = True
                 logger.warning("cudf-polars could not move held result %r to host memory for a running query, "
                                "which may run out of device memory (host_spill_limit=%s bytes): %s: %s",
@@ -406,7 +404,8 @@ class MemoryLedger:
         started, _moving.now = time.perf_counter(), True
         try:
             moved = result.move(out)
-        except BaseException:  # the move failed or was interrupted
+        except BaseException as exc:  # the move failed or was interrupted
+            drop_frame_locals(exc)  # its frames hold partitions, which a log record keeping exc would pin
             if taken:  # the rows may have left the engine unkept: a reader is told it was released, not a
                 result.release()  # misleading second-read error
             raise
