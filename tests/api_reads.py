@@ -26,9 +26,9 @@ def task_run_list(flow_run_id, *, expect: int = 0, final: bool = False, timeout:
     Every task run of a flow run (mapped runs included, one entry each).
 
     Prefect 3.9's API records task runs from their events, a moment after they ran: with
-    ``expect``, poll until that many are there; with ``final``, also until each is in a
-    final state, so that its record holds what its last event said (its name included);
-    or until ``timeout`` seconds pass.
+    ``expect``, poll until that many are there; with ``final``, also until there is at
+    least one and each is in a final state, so that its record holds what its last event
+    said (its name included); or until ``timeout`` seconds pass.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -36,7 +36,7 @@ def task_run_list(flow_run_id, *, expect: int = 0, final: bool = False, timeout:
             runs = client.read_task_runs(
                 task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[flow_run_id]))
             )
-        settled = not final or all(run.state is not None and run.state.is_final() for run in runs)
+        settled = not final or (bool(runs) and all(run.state is not None and run.state.is_final() for run in runs))
         if (len(runs) >= expect and settled) or time.monotonic() > deadline:
             return runs
         time.sleep(0.5)

@@ -39,8 +39,8 @@ def runner() -> CudfPolarsTaskRunner:
 
 
 def run_named(flow_run_id, name: str):
-    """The one task run of this flow run whose name starts with ``name``."""
-    [run] = [r for n, r in task_runs_of(flow_run_id, final=True).items() if n.startswith(name)]
+    """The one task run of this flow run whose name starts with ``name`` (each flow here runs two: it and collect)."""
+    [run] = [r for n, r in task_runs_of(flow_run_id, expect=2, final=True).items() if n.startswith(name)]
     return run
 
 
