@@ -58,7 +58,7 @@ import polars as pl
 from prefect.logging.loggers import get_logger
 
 from prefect_cudf_polars.blocks.backends.base import PersistedResult, RunningEngine
-from prefect_cudf_polars.blocks.backends.engine_errors import drop_frame_locals, raise_engine_error
+from prefect_cudf_polars.blocks.backends.engine_errors import drop_frame_locals, error_text, raise_engine_error
 from prefect_cudf_polars.blocks.errors import MAKE_ROOM, RUN_PRODUCER_AGAIN, DeviceMemoryError
 from prefect_cudf_polars.blocks.results import GPUResult
 
@@ -247,8 +247,8 @@ class MemoryLedger:
             try:
                 self.make_room({}, running, keep=fresh, refuse=False)
             except Exception as exc:
-                logger.warning("cudf-polars could not move a result to host memory after %r was produced: %s: %s",
-                               fresh.name, type(exc).__name__, exc)
+                logger.warning("cudf-polars could not move a result to host memory after %r was produced: %s",
+                               fresh.name, error_text(exc))
 
     def _results(self) -> list[GPUResult]:
         """The results held, in the order produced (those that are gone, or hold nothing, leave the ledger)."""
@@ -356,8 +356,8 @@ class MemoryLedger:
             except Exception as exc:  # a failed pack takes nothing from the engine: the result stays readable
                 self._no_demand = True
                 logger.warning("cudf-polars could not move held result %r to host memory for a running query, "
-                               "which may run out of device memory (host_spill_limit=%s bytes): %s: %s",
-                               getattr(result, "name", None), f"{self.host_limit:,}", type(exc).__name__, exc)
+                               "which may run out of device memory (host_spill_limit=%s bytes): %s",
+                               getattr(result, "name", None), f"{self.host_limit:,}", error_text(exc))
         return freed
 
     def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult], *,
@@ -405,7 +405,7 @@ class MemoryLedger:
         try:
             moved = result.move(out)
         except BaseException as exc:  # the move failed or was interrupted
-            drop_frame_locals(exc)  # its frames hold partitions, which a log record keeping exc would pin
+            drop_frame_locals(exc)  # its frames hold partitions, which whoever keeps the error would pin
             if taken:  # the rows may have left the engine unkept: a reader is told it was released, not a
                 result.release()  # misleading second-read error
             raise

@@ -69,6 +69,13 @@ def drop_frame_locals(exc: BaseException) -> None:
         traceback.clear_frames(e.__traceback__)  # a no-op for None
 
 
+def error_text(exc: BaseException) -> str:
+    """``exc`` as a log line gives it (``"MemoryError: std::bad_alloc: ..."``): a log record that keeps this text
+    keeps neither the error nor its traceback's frames, which can hold partitions and the running engine (and
+    with it the engine's device memory pool)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 def raise_engine_error(exc: BaseException, *, note: str | None = None) -> NoReturn:
     """
     Raise what an engine call that failed with ``exc`` should raise.

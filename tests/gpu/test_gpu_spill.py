@@ -186,8 +186,8 @@ def test_a_pinned_pool_that_cannot_take_a_result_on_demand_ends_the_flow_run_wit
     room as they run; under ``host_spill_limit`` of 1.5 GiB the pinned pool takes three results, then none. A
     call that finds no room fails with ``DeviceMemoryError``; every other result reads back equal to polars, the
     ledger logs at most one such WARNING per engine call (not one per periodic spill check), the flow run ends,
-    and the driver's used memory comes back, although pytest's ``caplog`` keeps every WARNING's record (a failed
-    move's traceback keeps no partition)."""
+    and the driver's used memory comes back, although pytest's ``caplog`` keeps every WARNING's record (a record
+    holds the failed move's text, not its traceback, whose frames hold the running engine and its pool)."""
     @flow(task_runner=CudfPolarsTaskRunner(CudfPolarsEngine(backend="spmd", device_memory_limit=6_000_000_000,
                                                             spill_results="host", host_spill_limit=1_610_612_736)))
     def pool_full_on_demand():
