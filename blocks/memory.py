@@ -58,7 +58,7 @@ import polars as pl
 from prefect.logging.loggers import get_logger
 
 from prefect_cudf_polars.blocks.backends.base import PersistedResult, RunningEngine
-from prefect_cudf_polars.blocks.backends.engine_errors import drop_frame_locals, error_text, raise_engine_error
+from prefect_cudf_polars.blocks.backends.engine_errors import error_text, raise_engine_error
 from prefect_cudf_polars.blocks.errors import MAKE_ROOM, RUN_PRODUCER_AGAIN, DeviceMemoryError
 from prefect_cudf_polars.blocks.results import GPUResult
 
@@ -404,8 +404,7 @@ class MemoryLedger:
         started, _moving.now = time.perf_counter(), True
         try:
             moved = result.move(out)
-        except BaseException as exc:  # the move failed or was interrupted
-            drop_frame_locals(exc)  # its frames hold partitions, which whoever keeps the error would pin
+        except BaseException:  # the move failed or was interrupted
             if taken:  # the rows may have left the engine unkept: a reader is told it was released, not a
                 result.release()  # misleading second-read error
             raise

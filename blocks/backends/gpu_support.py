@@ -34,6 +34,7 @@ from typing import Any
 import polars as pl
 
 from prefect_cudf_polars.blocks.backends.compat import plan_visitor, with_optimizations
+from prefect_cudf_polars.blocks.backends.engine_errors import error_text
 from prefect_cudf_polars.blocks.engine_block import CudfPolarsEngine
 from prefect_cudf_polars.blocks.errors import INSTALL
 
@@ -135,8 +136,8 @@ class GPUSupportCheck:
         except Exception as exc:
             if not self._warned:
                 self._warned = True
-                logger.warning("cudf-polars %s could not check a query for GPU support (%s: %s); the cpu backend runs "
-                               "such queries unchecked.", self.version, type(exc).__name__, exc)
+                logger.warning("cudf-polars %s could not check a query for GPU support (%s); the cpu backend runs "
+                               "such queries unchecked.", self.version, error_text(exc))
             return
         if refusal is not None:
             raise NotImplementedError(refusal.args[0] + REFUSAL_NOTE.format(version=self.version))
