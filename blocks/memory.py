@@ -124,14 +124,16 @@ def held_by_rank(result: GPUResult) -> tuple[int, ...]:
     return () if persisted is None or persisted.moved_out else result.rank_bytes
 
 
-def in_host_memory(result: GPUResult) -> bool:
-    """Whether ``result`` is moved out of the engine's memory now (pinned memory or a host frame)."""
-    return result.persisted is not None and result.persisted.moved_out
+def moved_out(result: GPUResult) -> PersistedResult | None:
+    """What ``result`` holds out of the engine's memory now (pinned memory or a host frame), else ``None``. It reads
+    ``result.persisted`` once: a release on another thread may let go of it between two reads."""
+    persisted = result.persisted
+    return persisted if persisted is not None and persisted.moved_out else None
 
 
 def host_held(results: Iterable[GPUResult]) -> int:
     """Bytes those of ``results`` moved out of the engine hold in host memory."""
-    return sum(r.bytes or 0 for r in results if in_host_memory(r))
+    return sum(r.bytes or 0 for r in results if moved_out(r) is not None)
 
 
 def read_by(claimed: Iterable[GPUResult]) -> dict[str, GPUResult]:
@@ -312,7 +314,7 @@ class MemoryLedger:
                 self._no_demand = False
         frames = [result for result in read.values() if isinstance(result.persisted, HostCopy)]
         for result in read.values():  # the pinned ones go back into the store in place
-            if in_host_memory(result) and not isinstance(persisted := result.persisted, HostCopy):
+            if (persisted := moved_out(result)) is not None and not isinstance(persisted, HostCopy):
                 started = time.perf_counter()
                 running.move_back(persisted)
                 self._count(result, "back", time.perf_counter() - started, PINNED)

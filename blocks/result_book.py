@@ -63,9 +63,10 @@ class ResultBook:
             self._counts[count] += live
             if count == "consumed" and result.cache_id is not None:
                 self._by_cache[result.cache_id] = result
-                source = None if result.persisted is None else result.persisted.frame_source
+                persisted = result.persisted  # read once: the session's end or a release may let go of it meanwhile
+                source = None if persisted is None else persisted.frame_source
                 self._framed[result.id] = (weakref.ref(result), None if source is None else weakref.ref(source))
-                if isinstance(result.persisted, HostCopy):  # polars could scan its frame twice: look every time
+                if isinstance(persisted, HostCopy):  # polars could scan its frame twice: look every time
                     self._host_framed.add(result)
         return live
 
