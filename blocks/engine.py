@@ -293,9 +293,9 @@ class EngineHost:
     @property
     def engine(self) -> RunningEngine:
         """The running engine (on the owner thread); ``SessionError`` once it has shut down."""
-        if self.running is None:
+        if (running := self.running) is None:  # read once: the engine's end may set it to None meanwhile
             raise SessionError(self._ended())
-        return self.running
+        return running
 
     def read(self) -> Reading:
         """The engine's memory now, read on the owner thread."""

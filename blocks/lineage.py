@@ -112,9 +112,11 @@ class Lineage:
                         "frame built outside a GPU task) whose data was moved out when it was read, and "
                         "prefect-cudf-polars cannot tell which result it was. Pass the GPUResult itself to a "
                         "gpu_task (or to execute) so its lineage is recorded")
-            if isinstance(value, GPUResult) and value.lineage is None:
+            if not isinstance(value, GPUResult):
+                continue
+            if (lineage := value.lineage) is None:  # read once: the session's end may drop it meanwhile
                 return f"its input {value.name!r} (id {value.id}) has no recorded lineage (at {self.label})"
-            if isinstance(value, GPUResult) and (reason := value.lineage.unreplayable_reason(_depth + 1)) is not None:
+            if (reason := lineage.unreplayable_reason(_depth + 1)) is not None:
                 return reason
         return None
 

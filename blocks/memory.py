@@ -365,8 +365,8 @@ class MemoryLedger:
     def _refusal(self, others: list[GPUResult], over: tuple[int, int, int], results: list[GPUResult], *,
                  host_full: bool) -> str:
         rank, held, budget = over
-        on_rank = [r for r in others if len(held_by_rank(r)) > rank and held_by_rank(r)[rank]]
-        named = ", ".join(f"{r.name!r} ({held_by_rank(r)[rank]:,} bytes, from {r.produced_by})" for r in on_rank[:20])
+        on_rank = [(r, by_rank[rank]) for r in others if len(by_rank := held_by_rank(r)) > rank and by_rank[rank]]
+        named = ", ".join(f"{r.name!r} ({size:,} bytes, from {r.produced_by})" for r, size in on_rank[:20])
         limit = f"{self.limit:,} bytes" + (f" on each of {self.ranks} ranks" if self.ranks > 1 else "")
         template = SPILL_OFF_MESSAGE if self.spill != "host" else HOST_LIMIT_MESSAGE if host_full else HOST_FULL_MESSAGE
         return template.format(limit=limit, held=held, on_rank=f" on rank {rank}" if self.ranks > 1 else "", budget=budget,

@@ -295,7 +295,8 @@ class EngineSession(EngineCalls):
 
     def free(self, persisted: Any) -> None:
         """Release ``persisted`` on the owner thread, without waiting for it; once the engine has shut down, let it go."""
-        if self.host is None or not self.host.post(persisted.release):
+        host = self.host  # read once: the session's end may set it to None meanwhile
+        if host is None or not host.post(persisted.release):
             persisted.forget()  # the shutdown closed its store
 
     # ---- the end -----------------------------------------------------------------

@@ -219,7 +219,7 @@ def replay(session: EngineSession, result: GPUResult, *, retry: bool = False) ->
     Exception
         Whatever the engine raises running the plan (a scanned file that is gone).
     """
-    reason, lineage = result.replay_problem, result.lineage
+    lineage, reason = result.lineage, result.replay_problem  # in this order: the session's end may drop the lineage
     if reason is not None or lineage is None:
         what = (f"GPUResult {result.name!r} (id {result.id}) was consumed by an earlier attempt of "
                 f"{result.consumed_by}, and this retry cannot recompute it" if retry else f"Cannot recompute {result.name!r}")
