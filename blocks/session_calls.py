@@ -245,7 +245,12 @@ class EngineCalls:
     def adopt(self, handed: Any, *, like: GPUResult) -> GPUResult:
         """A live result wrapping what ``like`` handed over (``tee``'s first copy); ``SessionError`` once ended."""
         result = self._like(handed, like, current_run())
-        self._telemetry.result_created(self.run(self._admit, result), None, None, None)
+        try:
+            self.run(self._admit, result)
+        except BaseException:  # not admitted (the session ended first): free what it was handed
+            result.release()
+            raise
+        self._telemetry.result_created(result, None, None, None)
         return result
 
     def _like(self, payload: Any, like: GPUResult, run: RunIdentity) -> GPUResult:
