@@ -169,9 +169,10 @@ class GPUResult:
     @property
     def replay_problem(self) -> str | None:
         """Why this result cannot be produced again from its lineage, or ``None`` when it can."""
-        if self.lineage is None:
+        lineage = self.lineage  # read once: the session's end may let go of it meanwhile
+        if lineage is None:
             return "it has no recorded lineage (its session has ended, or it was made without one)"
-        return self.lineage.unreplayable_reason()
+        return lineage.unreplayable_reason()
 
     @property
     def persisted(self) -> PersistedResult | None:
@@ -198,7 +199,7 @@ class GPUResult:
         """Why ``run`` (in ``reader``'s session) may not claim this result now, or ``None``: under the lock."""
         ids = {"result_id": self.id, "result_name": self.name}
         what = f"GPUResult {self.name!r} (id {self.id})"
-        if self._state == "released":
+        if self._state == "released" or (self._state == "live" and self._owner.closed):  # its session's end releases it
             return errors.ResultReleasedError(errors.released_message(what, self._owner), **ids)
         if self._state == "consumed":
             claim = self._claim

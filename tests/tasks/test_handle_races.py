@@ -10,7 +10,8 @@ meet inside the handle's transitions:
 * a ``release()`` racing a claim gives either the right rows (the result then stays
   ``"consumed"``) or ``ResultReleasedError`` (``"released"``), and afterwards the handle
   holds nothing;
-* a session's end racing a claim leaves a handle that keeps nothing of the engine alive.
+* a session's end racing a claim leaves a handle that keeps nothing of the engine alive, and a
+  claim while the session ends is refused as released.
 
 Threads switch every microsecond here, so they interleave inside the handle's calls.
 """
@@ -27,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import polars as pl
 import pytest
 from prefect import flow
+from processes import wait_until
 
 from prefect_cudf_polars.blocks import CudfPolarsEngine, CudfPolarsTaskRunner, get_engine_session
 from prefect_cudf_polars.tasks import GPUResult, GPUResultError, ResultReleasedError, execute, gpu_task
@@ -147,3 +149,32 @@ def test_a_session_end_racing_a_claim_leaves_a_handle_that_keeps_nothing_of_the_
         del claimed
         gc.collect()
         assert probe() is None, "an ended handle keeps the engine's partition alive"
+
+
+def test_a_claim_while_the_session_ends_is_refused_as_released_and_counted_once(orders):
+    """The session's end marks its results released only after the engine's last call; a claim in between is
+    refused as released (not served from a session that has ended), and the result is counted released once."""
+    reading, go_on = threading.Event(), threading.Event()
+
+    def held(ids: pl.Series) -> pl.Series:  # runs inside the engine call: the owner thread is busy until go_on
+        reading.set()
+        go_on.wait(timeout=30)
+        return ids
+
+    session = contextvars.copy_context().run(CudfPolarsEngine(backend="cpu", raise_on_fail=False).session().__enter__)
+    kept = session.execute(pl.scan_parquet(orders), name="kept")
+    query = pl.scan_parquet(orders).with_columns(pl.col("id").map_batches(held, return_dtype=pl.Int64))
+    with ThreadPoolExecutor(2) as pool:
+        rows = pool.submit(session.collect, query)
+        assert reading.wait(timeout=30)
+        ending = pool.submit(session.__exit__, None, None, None)  # waits for the engine call above
+        try:
+            wait_until(lambda: session.closed, 30, "the session's end beginning")
+            with pytest.raises(ResultReleasedError, match="GPUResult 'kept' .* was released when its engine session ended"):
+                kept.lazy()
+        finally:
+            go_on.set()
+        assert rows.result(timeout=60).height == pl.read_parquet(orders).height
+        ending.result(timeout=60)
+    assert kept.state == "released" and not kept.holding
+    assert session.counts == {"produced": 1, "consumed": 0, "released_unconsumed": 1}
